@@ -1,0 +1,3 @@
+from xstage.cli import main
+
+raise SystemExit(main())
