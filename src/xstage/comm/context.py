@@ -1,0 +1,296 @@
+"""The communication context: one group's symmetric buffers, signal pad and error word.
+
+Problem: a fused kernel on rank r stores tiles straight into buffers of the other ranks and signals
+them with flags; it needs, for every buffer, the local tensor, a tensor (and a device address) for
+each peer's copy, a place for flags, and a way to turn a device-side timeout into a host error.
+
+Three paths say where "a peer's buffer" lives:
+
+- `peer`: another GPU (or another process on the same GPU) through PyTorch symmetric memory, default
+  CUDA backend: a plain store through a peer address is an NVLink write. One process per rank.
+  Without a GPU the same API is backed by shared-memory files so that multi-process CPU tests (gloo,
+  Triton interpreter) exercise the same code.
+- `host` (loopback): one GPU plays rank r of a world of P ranks; the other ranks' buffers are mapped
+  pinned host memory, so the stores cross PCIe (zero-copy) as they would cross NVLink.
+- `hbm` (loopback): the same with the other ranks' buffers in local device memory (a control path).
+
+Buffers are zero-filled at allocation. `close()` frees everything; the context is also a context
+manager.
+
+Example (loopback, runs on a CPU in the interpreter as well):
+
+    ctx = create_context(path="hbm", loopback_world=4, rank=1)
+    buf = ctx.alloc("tiles", (8, 64), torch.float32)
+    buf.peers[2].fill_(1.0)              # the buffer "rank 2" would receive
+    kernel[grid](buf.ptrs, buf.local, ctx.signal_pad.ptrs, ctx.error, ...)
+    ctx.check()                          # raises CommTimeoutError(rank, peer, stage) after a timeout
+    ctx.close()
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+
+from xstage.comm.stages import decode_error, stage_name
+from xstage.errors import CommTimeoutError, InputError
+
+PATHS = ("hbm", "host", "peer")
+DEFAULT_SIGNAL_SLOTS = 4096
+DEFAULT_TIMEOUT_NS = 2_000_000_000
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+           torch.int16, torch.int32, torch.int64)
+
+
+@dataclass
+class SymmBuffer:
+    """One named buffer as seen by `rank`: `local`, the copy of every rank (`peers[q]`, with
+    `peers[rank] is local`), and `ptrs`, an int64 tensor of their addresses on the context device
+    (the device pointer table kernels index by rank)."""
+
+    name: str
+    local: torch.Tensor
+    peers: list[torch.Tensor]
+    ptrs: torch.Tensor
+    rank: int
+    handle: object = field(default=None, repr=False)
+
+    @property
+    def world(self) -> int:
+        return len(self.peers)
+
+    @property
+    def ptr_list(self) -> list[int]:
+        return [t.data_ptr() for t in self.peers]
+
+    def peer(self, q: int) -> torch.Tensor:
+        if not 0 <= q < self.world:
+            raise InputError(f"peer {q}: must be in 0..{self.world - 1}")
+        return self.peers[q]
+
+
+class CommContext:
+    """Owns the buffers of one group on one path; build with `create_context`, free with `close()`.
+
+    Attributes: `path`, `rank`, `world`, `device`, `group` (None on loopback), `group_name`,
+    `loopback` (True for `host`/`hbm`), `error` (int32[2] on the device: word 0 the first timeout's
+    code, word 1 the number of timed-out waits), `signal_pad` (a zeroed int32 `SymmBuffer` of
+    `signal_slots` flags per rank), `timeout_ns` (the default bound kernels should pass to waits).
+    """
+
+    def __init__(self, *, path, rank, world, device, group, signal_slots, timeout_ns):
+        self.path = path
+        self.rank = rank
+        self.world = world
+        self.device = device
+        self.group = group
+        self.loopback = path != "peer"
+        self.group_name = None if group is None else getattr(group, "group_name", None)
+        self.timeout_ns = int(timeout_ns)
+        self._buffers: dict[str, SymmBuffer] = {}
+        self._shm_files: list[str] = []
+        self._shm_tag = None
+        self.closed = False
+        self.error = torch.zeros(2, dtype=torch.int32, device=device)
+        if path == "peer":
+            self._init_peer_backend()
+        self.signal_pad = self.alloc("signal_pad", (signal_slots,), torch.int32)
+
+    def _init_peer_backend(self) -> None:
+        import torch.distributed as dist
+
+        if self.device.type == "cuda":
+            import torch.distributed._symmetric_memory as symm_mem
+
+            enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+            if enable is not None and self.group_name is not None:
+                try:
+                    enable(self.group_name)
+                except Exception:  # newer torch needs no enabling and may refuse the call
+                    pass
+            return
+        tag = [uuid.uuid4().hex[:12] if self.rank == 0 else None]
+        dist.broadcast_object_list(tag, src=dist.get_global_rank(self.group, 0), group=self.group)
+        self._shm_tag = tag[0]
+
+    def _alloc_peer(self, name, shape, dtype) -> tuple[torch.Tensor, list[torch.Tensor], object]:
+        if self.device.type == "cuda":
+            import torch.distributed._symmetric_memory as symm_mem
+
+            local = symm_mem.empty(*shape, dtype=dtype, device=self.device)
+            local.zero_()
+            torch.cuda.synchronize(self.device)
+            hdl = symm_mem.rendezvous(local, self.group_name or self.group)
+            peers = [local if q == self.rank else hdl.get_buffer(q, tuple(shape), dtype)
+                     for q in range(self.world)]
+            return local, peers, hdl
+        import torch.distributed as dist
+
+        numel = math.prod(shape)
+        nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
+        files = [os.path.join(_shm_dir(), f"xstage-{self._shm_tag}-{name}-{q}") for q in range(self.world)]
+        with open(files[self.rank], "wb") as f:
+            f.truncate(nbytes)
+        self._shm_files.append(files[self.rank])
+        dist.barrier(group=self.group)
+        peers = [torch.from_file(fn, shared=True, size=numel, dtype=dtype).view(shape) for fn in files]
+        return peers[self.rank], peers, None
+
+    def alloc(self, name: str, shape, dtype: torch.dtype = torch.float32) -> SymmBuffer:
+        """A zeroed buffer of `shape` and `dtype` on every rank, with peer views and a pointer table.
+
+        On `peer` every rank must call `alloc` with the same arguments in the same order."""
+        if self.closed:
+            raise InputError("context: closed; create a new one")
+        if not isinstance(name, str) or not name or name in self._buffers:
+            raise InputError(f"name {name!r}: must be a new non-empty string")
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if not shape or any(s <= 0 for s in shape):
+            raise InputError(f"shape {shape}: every dimension must be a positive integer")
+        if dtype not in _DTYPES:
+            raise InputError(f"dtype {dtype}: must be one of {[str(d) for d in _DTYPES]}")
+        handle = None
+        if self.path == "peer":
+            local, peers, handle = self._alloc_peer(name, shape, dtype)
+        else:
+            local = torch.zeros(shape, dtype=dtype, device=self.device)
+            pin = self.path == "host" and self.device.type == "cuda"
+            peers = [local if q == self.rank else
+                     (torch.zeros(shape, dtype=dtype, pin_memory=True) if pin else
+                      torch.zeros(shape, dtype=dtype, device=self.device))
+                     for q in range(self.world)]
+        ptrs = torch.tensor([t.data_ptr() for t in peers], dtype=torch.int64, device=self.device)
+        buf = SymmBuffer(name=name, local=local, peers=peers, ptrs=ptrs, rank=self.rank, handle=handle)
+        self._buffers[name] = buf
+        return buf
+
+    def buffer(self, name: str) -> SymmBuffer:
+        if name not in self._buffers:
+            raise InputError(f"buffer {name!r}: not allocated (have {sorted(self._buffers)})")
+        return self._buffers[name]
+
+    def check(self) -> None:
+        """Raise `CommTimeoutError` naming rank, peer and stage if a device wait timed out.
+
+        Synchronises with the device (it reads the error word)."""
+        code, count = (int(v) for v in self.error.cpu().tolist())
+        if code == 0:
+            return
+        stage, peer = decode_error(code)
+        raise CommTimeoutError(
+            f"rank {self.rank}: wait for peer {peer} timed out at stage {stage_name(stage)} "
+            f"(stage id {stage}, path {self.path}, {count} wait(s) timed out)"
+        )
+
+    def reset_error(self) -> None:
+        self.error.zero_()
+
+    def reset_signals(self) -> None:
+        """Zero this rank's signal pad (call `barrier()` after it before peers signal again)."""
+        self.signal_pad.local.zero_()
+
+    def barrier(self) -> None:
+        """Wait for this rank's device work, then for every rank of the group (host-side barrier)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        if self.path == "peer":
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        """Free every buffer of this context (idempotent)."""
+        if self.closed:
+            return
+        self._buffers.clear()
+        self.signal_pad = None
+        for fn in self._shm_files:
+            try:
+                os.unlink(fn)
+            except FileNotFoundError:
+                pass
+        self._shm_files.clear()
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+
+
+def create_context(
+    group=None,
+    *,
+    path: str = "peer",
+    loopback_world: int | None = None,
+    rank: int | None = None,
+    device=None,
+    signal_slots: int = DEFAULT_SIGNAL_SLOTS,
+    timeout_ns: int = DEFAULT_TIMEOUT_NS,
+) -> CommContext:
+    """Build the context for `group` (default: the world group) on `path`.
+
+    `peer` needs `torch.distributed` initialised (one process per rank; a gloo group works, also
+    for several ranks on one GPU with TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1). `host` and `hbm`
+    are loopback: this process plays rank `rank` (default: the group rank, else 0) of
+    `loopback_world` ranks (default: the group size, else 2). `device` defaults to the current CUDA
+    device, or the CPU when there is none (Triton interpreter).
+    """
+    if path not in PATHS:
+        raise InputError(f"path {path!r}: must be one of {PATHS}")
+    if int(signal_slots) < 1:
+        raise InputError(f"signal_slots {signal_slots}: must be >= 1")
+    if int(timeout_ns) < 1:
+        raise InputError(f"timeout_ns {timeout_ns}: must be >= 1")
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
+            torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if path == "peer":
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise InputError("path 'peer': torch.distributed must be initialised (one process per rank)")
+        group = group or dist.group.WORLD
+        g_rank, g_world = dist.get_rank(group), dist.get_world_size(group)
+        if rank is not None and rank != g_rank:
+            raise InputError(f"rank {rank}: on path 'peer' must equal the group rank {g_rank}")
+        if loopback_world is not None and loopback_world != g_world:
+            raise InputError(f"loopback_world {loopback_world}: only for host/hbm (group has {g_world})")
+        return CommContext(path=path, rank=g_rank, world=g_world, device=device, group=group,
+                           signal_slots=int(signal_slots), timeout_ns=timeout_ns)
+    world = loopback_world
+    if world is None:
+        world = _group_size(group) if group is not None else 2
+    if int(world) < 1:
+        raise InputError(f"loopback_world {world}: must be >= 1")
+    if rank is None:
+        rank = _group_rank(group) if group is not None else 0
+    if not 0 <= int(rank) < int(world):
+        raise InputError(f"rank {rank}: must be in 0..{int(world) - 1} (loopback_world {world})")
+    return CommContext(path=path, rank=int(rank), world=int(world), device=device, group=None,
+                       signal_slots=int(signal_slots), timeout_ns=timeout_ns)
+
+
+def _group_size(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
+
+
+def _group_rank(group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)

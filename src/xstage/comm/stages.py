@@ -1,0 +1,66 @@
+"""Stage ids and the error word: how a device-side timeout becomes a host-side error.
+
+A kernel that waits on a flag owns a stage id (a small positive integer). When a wait runs past its
+bound, the kernel writes `code = stage * 65536 + peer` into the context's error word with a
+compare-and-swap, so the first timeout wins and later ones only bump the count in word 1. The host
+decodes the word in `CommContext.check()` and raises `CommTimeoutError` naming rank, peer and stage.
+
+Stage id ranges (so that kernels written in different modules never collide):
+
+| ids     | owner                                   |
+|---------|-----------------------------------------|
+| 1-15    | comm core and the probe microbenchmarks |
+| 16-31   | attention (Ulysses)                     |
+| 32-47   | MoE                                     |
+| 48-127  | free; register before use               |
+
+Modules name their ids with `register_stage(code, name)` at import time, so that errors print a
+readable stage name.
+"""
+
+from __future__ import annotations
+
+from xstage.errors import InputError
+
+PEER_BITS = 16
+MAX_STAGE = 32767
+
+STAGE_GENERIC = 1
+STAGE_PROBE_FLAG = 2
+STAGE_PROBE_TEST = 3
+
+_STAGES: dict[int, str] = {
+    STAGE_GENERIC: "comm.wait",
+    STAGE_PROBE_FLAG: "probe.peer_flag",
+    STAGE_PROBE_TEST: "comm.test_wait",
+}
+
+
+def register_stage(code: int, name: str) -> int:
+    """Give stage id `code` a name for error messages; returns `code` (re-registering the same name is fine)."""
+    if not 1 <= int(code) <= MAX_STAGE:
+        raise InputError(f"stage code {code}: must be in 1..{MAX_STAGE}")
+    known = _STAGES.get(int(code))
+    if known is not None and known != name:
+        raise InputError(f"stage code {code}: already registered as {known!r}, cannot rename to {name!r}")
+    _STAGES[int(code)] = name
+    return int(code)
+
+
+def stage_name(code: int) -> str:
+    return _STAGES.get(int(code), f"stage-{int(code)}")
+
+
+def error_code(stage: int, peer: int) -> int:
+    """The value a kernel writes into the error word for a timeout at `stage` waiting on `peer`."""
+    if not 1 <= stage <= MAX_STAGE:
+        raise InputError(f"stage {stage}: must be in 1..{MAX_STAGE}")
+    if not 0 <= peer < (1 << PEER_BITS):
+        raise InputError(f"peer {peer}: must be in 0..{(1 << PEER_BITS) - 1}")
+    return (stage << PEER_BITS) | peer
+
+
+def decode_error(word: int) -> tuple[int, int]:
+    """(stage, peer) from an error word; (0, 0) means no error."""
+    word = int(word)
+    return word >> PEER_BITS, word & ((1 << PEER_BITS) - 1)
