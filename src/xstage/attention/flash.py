@@ -1,0 +1,349 @@
+"""FlashAttention forward in Triton for DiT: non-causal, `[B, S, H, D]` in and out, persistent over tiles.
+
+Problem: `o[b, s, h] = softmax(scale * q[b, s, h] . k[b, :L_b, h]^T) v[b, :L_b, h]` for strided
+`[B, S, H, D]` tensors (fp16 / bf16 / fp32, D in {16, 32, 64, 128, 256}), where `L_b` is batch `b`'s
+valid key length (`kv_lens`; padded keys beyond it are ignored).
+
+Algorithm: the online-softmax forward of FlashAttention-2. A persistent grid (one program per SM
+and slot) walks query tiles `(b, h, m)` with the query-tile index fastest, so the programs running
+at one time share the same head's K/V in L2. Each tile streams K/V in BLOCK_N blocks: full blocks
+run unmasked (the pipelined hot loop), one masked tail block handles `L_b % BLOCK_N`. Scores use
+`exp2` with `scale * log2(e)` folded into one multiply-add. On Hopper, Q/K/V come through TMA tensor
+descriptors when their strides allow a 2-D view (see `_tma_view`); otherwise through pointers.
+
+When the tile's output is final, the epilogue either stores it into `o` or, for the Ulysses
+exchange (`xstage.attention.ulysses`), stores each row straight into the buffer of the rank that
+owns it and raises that rank's per-source counter: the next tile's compute is the gap in which the
+stores drain (see `shared/design/burst-gap.md`).
+
+Example:
+    >>> import torch
+    >>> from xstage.attention import flash_attention
+    >>> q, k, v = (torch.randn(1, 300, 3, 64, dtype=torch.float16) for _ in range(3))
+    >>> o = flash_attention(q, k, v)            # [1, 300, 3, 64]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from xstage.comm.device import peer_ptr, signal_add
+from xstage.env import interpreter_active
+from xstage.errors import InputError
+
+LOG2E = 1.4426950408889634
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class FlashConfig:
+    """Launch parameters of the forward kernel.
+
+    `ctas_per_sm` sizes the persistent grid (programs = SMs x ctas_per_sm, at most the tile count);
+    0 launches one program per tile. `use_tma` None means: TMA descriptors when the GPU and the
+    strides allow them.
+    """
+
+    block_m: int = 128
+    block_n: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+    ctas_per_sm: int = 1
+    use_tma: bool | None = None
+
+
+def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> FlashConfig:
+    """The tuned configuration for Hopper, small blocks in the CPU interpreter."""
+    if device.type != "cuda":
+        return FlashConfig(block_m=32, block_n=32, num_warps=4, num_stages=1, ctas_per_sm=0, use_tma=False)
+    if dtype == torch.float32:
+        return FlashConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    if head_dim <= 64:
+        return FlashConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
+    return FlashConfig(block_m=128, block_n=128, num_warps=8, num_stages=3)
+
+
+@triton.jit
+def _tile_coords(tile, n_m, H):
+    i_m = tile % n_m
+    i_bh = tile // n_m
+    return i_bh // H, i_bh % H, i_m
+
+
+@triton.jit
+def _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, MASK: tl.constexpr):
+    b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] fp32
+    if MASK:
+        b_s = tl.where((o_n < kv_len)[None, :], b_s, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)  # [BM]
+    b_p = tl.math.exp2(b_s * qk_scale - b_m_new[:, None])  # [BM, BN]
+    b_alpha = tl.math.exp2(b_m - b_m_new)
+    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_acc = b_acc * b_alpha[:, None]
+    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc)  # [BM, D]
+    return b_acc, b_m_new, b_l
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    q, k, v, p_o,
+    s_qb, s_qs, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_os, s_oh,
+    q_rb, q_cb, k_rb, k_cb, v_rb, v_cb,
+    p_kv_lens, qk_scale,
+    H, S_q, S_k, n_m, n_tiles,
+    p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr,
+):
+    # q, k, v are TMA descriptors over 2-D views (row = b * rb + s, col = b * cb + h * s_h + d) when
+    # USE_TMA, else pointers to [B, S, H, D] with unit stride in D.
+    o_m = tl.arange(0, BLOCK_M)
+    o_n = tl.arange(0, BLOCK_N)
+    o_d = tl.arange(0, HEAD_DIM)
+    n_progs = tl.num_programs(0)
+    for tile in range(tl.program_id(0), n_tiles, n_progs):
+        i_b, i_h, i_m = _tile_coords(tile, n_m, H)
+        i_b = i_b.to(tl.int64)
+        i_h = i_h.to(tl.int64)
+        m0 = i_m * BLOCK_M
+        o_s = m0 + o_m  # [BM] query rows
+        kv_len = S_k
+        if HAS_KV_LENS:
+            kv_len = tl.minimum(tl.load(p_kv_lens + i_b), S_k)
+        if USE_TMA:
+            b_q = q.load([(i_b * q_rb + m0).to(tl.int32), (i_b * q_cb + i_h * s_qh).to(tl.int32)])
+            k_row0 = (i_b * k_rb).to(tl.int32)
+            k_col = (i_b * k_cb + i_h * s_kh).to(tl.int32)
+            v_row0 = (i_b * v_rb).to(tl.int32)
+            v_col = (i_b * v_cb + i_h * s_vh).to(tl.int32)
+        else:
+            p_q = q + i_b * s_qb + i_h * s_qh + o_s.to(tl.int64)[:, None] * s_qs + o_d[None, :]
+            b_q = tl.load(p_q, mask=(o_s < S_q)[:, None], other=0.0)  # [BM, D]
+            p_k = k + i_b * s_kb + i_h * s_kh + o_n.to(tl.int64)[:, None] * s_ks + o_d[None, :]
+            p_v = v + i_b * s_vb + i_h * s_vh + o_n.to(tl.int64)[:, None] * s_vs + o_d[None, :]
+        b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        b_l = tl.zeros([BLOCK_M], tl.float32)
+        b_acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        n_full = (kv_len // BLOCK_N) * BLOCK_N
+        for start_n in range(0, n_full, BLOCK_N):
+            if USE_TMA:
+                b_k = k.load([k_row0 + start_n, k_col])  # [BN, D]
+                b_v = v.load([v_row0 + start_n, v_col])
+            else:
+                b_k = tl.load(p_k + start_n * s_ks)
+                b_v = tl.load(p_v + start_n * s_vs)
+            b_acc, b_m, b_l = _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, False)
+        if n_full < kv_len:
+            m_kv = (n_full + o_n) < kv_len  # [BN]
+            if USE_TMA:
+                b_k = k.load([k_row0 + n_full, k_col])
+                b_v = v.load([v_row0 + n_full, v_col])
+            else:
+                b_k = tl.load(p_k + n_full * s_ks, mask=m_kv[:, None], other=0.0)
+                b_v = tl.load(p_v + n_full * s_vs, mask=m_kv[:, None], other=0.0)
+            # Rows past the key length may hold the next batch or padding garbage: zero them so
+            # that 0-weight x garbage cannot turn into NaN.
+            b_v = tl.where(m_kv[:, None], b_v, 0.0)
+            b_acc, b_m, b_l = _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, n_full + o_n, kv_len, True)
+        # A batch with no valid key gets zeros, not 0/0.
+        b_o = (b_acc / tl.where(b_l == 0.0, 1.0, b_l)[:, None]).to(p_o.dtype.element_ty)  # [BM, D]
+        if EXCHANGE:
+            _exchange_tile(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb,
+                           d_ss, d_sh, head_off, p_sig_tab, p_sig, BLOCK_M)
+        else:
+            p_out = p_o + i_b * s_ob + i_h * s_oh + o_s.to(tl.int64)[:, None] * s_os + o_d[None, :]
+            tl.store(p_out, b_o, mask=(o_s < S_q)[:, None])
+
+
+@triton.jit
+def _exchange_tile(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb,
+                   d_ss, d_sh, head_off, p_sig_tab, p_sig, BLOCK_M: tl.constexpr):
+    # Rows [row0[p], row0[p+1]) of the gathered sequence belong to rank p; a tile straddles a
+    # boundary when a rank's row count is not a multiple of BLOCK_M, so walk every owner it touches
+    # (ranks without rows get neither stores nor signals).
+    i_p = 0
+    while tl.load(p_dst_row0 + i_p + 1) <= m0:
+        i_p += 1
+    row_end = tl.minimum(m0 + BLOCK_M, S_q)
+    r0 = tl.load(p_dst_row0 + i_p)
+    while r0 < row_end:
+        r1 = tl.load(p_dst_row0 + i_p + 1)
+        if r1 > r0:
+            p_dst = peer_ptr(p_dst_tab, i_p, p_o)
+            o_row = (o_s - r0).to(tl.int64)
+            p_out = p_dst + i_b * d_sb + (head_off + i_h) * d_sh + o_row[:, None] * d_ss + o_d[None, :]
+            tl.store(p_out, b_o, mask=((o_s >= r0) & (o_s < r1))[:, None])
+            signal_add(peer_ptr(p_sig_tab, i_p, p_sig), 1)
+        i_p += 1
+        r0 = r1
+
+
+def _check_qkv(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise InputError(f"{name}: expected a 4-D tensor [B, S, H, D], got {getattr(t, 'shape', type(t))}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise InputError(f"{name}.dtype: must be one of float16, bfloat16, float32, got {t.dtype}")
+        if t.stride(-1) != 1:
+            raise InputError(f"{name}: the head dimension D must have unit stride, got stride {t.stride(-1)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise InputError(f"q, k, v: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise InputError("q, k, v: must be on one device")
+    B, _, H, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D:
+        raise InputError(f"k, v: expected shape [{B}, S_k, {H}, {D}] matching q, got {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"head dim D={D}: must be one of {SUPPORTED_HEAD_DIMS}")
+    if k.shape[1] == 0:
+        raise InputError("k: key length must be at least 1")
+
+
+def _tma_view(t: torch.Tensor):
+    """(rows, cols, row_stride, rb, cb) of a 2-D view of `[B, S, H, D]` with element (b, s, h, d) at
+    row `b * rb + s`, column `b * cb + h * s_h + d`, or None when no such view exists."""
+    B, S, H, D = t.shape
+    sb, ss, sh, _ = t.stride()
+    if ss <= 0 or sh < D or (H - 1) * sh + D > ss:
+        return None
+    if B == 1:
+        return S, (H - 1) * sh + D, ss, 0, 0
+    if sb % ss == 0 and sb // ss >= S:
+        rb = sb // ss
+        return (B - 1) * rb + S, (H - 1) * sh + D, ss, rb, 0
+    if (B - 1) * sb + (H - 1) * sh + D <= ss and sb >= (H - 1) * sh + D:
+        return S, (B - 1) * sb + (H - 1) * sh + D, ss, 0, sb
+    return None
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    esize = t.element_size()
+    view = _tma_view(t)
+    return (view is not None and t.data_ptr() % 16 == 0 and (view[2] * esize) % 16 == 0
+            and (t.stride(2) * esize) % 16 == 0 and (view[4] * esize) % 16 == 0
+            and t.shape[3] * esize >= 16)
+
+
+def _descriptor(t: torch.Tensor, block_rows: int):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, cols, ss, _, _ = _tma_view(t)
+    flat = t.as_strided((rows, cols), (ss, 1))
+    return TensorDescriptor(flat, shape=[rows, cols], strides=[ss, 1], block_shape=[block_rows, t.shape[3]])
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Where the epilogue sends each output row (see `xstage.attention.ulysses`).
+
+    dst_table: int64 [P] addresses of each rank's output buffer (16-byte aligned);
+    row0: int32 [P+1] first gathered-sequence row of each rank (row0[P] = S);
+    batch_stride, row_stride, head_stride: element strides of every rank's output `[B, S_p, H_total, D]`;
+    head_offset: index of this rank's first head among H_total heads;
+    sig_table: int64 [P] addresses of the int32 counter that rank p keeps for this source;
+    sig_like: an int32 tensor on the kernel's device (types the counter pointers).
+    """
+
+    dst_table: torch.Tensor
+    row0: torch.Tensor
+    batch_stride: int
+    head_offset: int
+    sig_table: torch.Tensor
+    sig_like: torch.Tensor
+    row_stride: int
+    head_stride: int
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    softmax_scale: float | None = None,
+    kv_lens: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: FlashConfig | None = None,
+    exchange: Exchange | None = None,
+) -> torch.Tensor:
+    """Non-causal attention over `[B, S, H, D]` tensors; returns `out` (`[B, S_q, H, D]`, q's dtype).
+
+    `kv_lens` (int32 [B], optional) limits batch b's keys to its first `kv_lens[b]` (padded
+    sequences). `softmax_scale` defaults to `1/sqrt(D)`. `exchange` routes the output rows to other
+    ranks' buffers instead of `out` (then `out` is this rank's own output buffer and is returned).
+
+    Example:
+        >>> q = k = v = torch.randn(2, 100, 4, 32, dtype=torch.float16)
+        >>> flash_attention(q, k, v, kv_lens=torch.tensor([100, 37], dtype=torch.int32)).shape
+        torch.Size([2, 100, 4, 32])
+    """
+    _check_qkv(q, k, v)
+    B, S_q, H, D = q.shape
+    S_k = k.shape[1]
+    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputError(f"softmax_scale: must be a positive finite number, got {softmax_scale}")
+    if kv_lens is not None:
+        if kv_lens.shape != (B,) or kv_lens.dtype not in (torch.int32, torch.int64):
+            raise InputError(f"kv_lens: expected an int32 tensor of shape [{B}], got {kv_lens.dtype} "
+                             f"{tuple(kv_lens.shape)}")
+        kv_lens = kv_lens.to(device=q.device, dtype=torch.int32)
+    if exchange is None:
+        if out is None:
+            out = torch.empty(B, S_q, H, D, dtype=q.dtype, device=q.device)
+        elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1 or out.device != q.device:
+            raise InputError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit stride in D")
+    elif out is None:
+        raise InputError("out: required with exchange (this rank's own output buffer)")
+    cfg = config or default_config(D, q.dtype, q.device)
+    if S_q == 0 or B == 0 or H == 0:
+        return out
+    n_m = triton.cdiv(S_q, cfg.block_m)
+    n_tiles = B * H * n_m
+    grid = n_tiles if cfg.ctas_per_sm <= 0 else min(n_tiles, _num_sms(q.device) * cfg.ctas_per_sm)
+    use_tma = cfg.use_tma
+    tma_possible = (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
+                    and all(_tma_ok(t) for t in (q, k, v)))
+    if use_tma is None:
+        use_tma = tma_possible and not interpreter_active()
+    elif use_tma and not (tma_possible or (interpreter_active() and all(_tma_ok(t) for t in (q, k, v)))):
+        raise InputError("config.use_tma: the strides of q, k, v do not allow a TMA view")
+    if use_tma:
+        args_qkv = (_descriptor(q, cfg.block_m), _descriptor(k, cfg.block_n), _descriptor(v, cfg.block_n))
+        views = [_tma_view(t)[3:] for t in (q, k, v)]
+    else:
+        args_qkv = (q, k, v)
+        views = [(0, 0)] * 3
+    if exchange is None:
+        ex_args = (out, out, out, 0, 0, 0, out, out)
+        o_strides = (out.stride(0), out.stride(1), out.stride(2))
+    else:
+        e = exchange
+        ex_args = (e.dst_table, e.row0, e.batch_stride, e.row_stride, e.head_stride, e.head_offset,
+                   e.sig_table, e.sig_like)
+        o_strides = (0, 0, 0)
+    _attn_fwd_kernel[(grid,)](
+        *args_qkv, out,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), *o_strides,
+        *views[0], *views[1], *views[2],
+        kv_lens if kv_lens is not None else out, scale * LOG2E,
+        H, S_q, S_k, n_m, n_tiles,
+        *ex_args,
+        HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
+        HAS_KV_LENS=kv_lens is not None, EXCHANGE=exchange is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

@@ -1,0 +1,168 @@
+"""How Ulysses splits heads and tokens over P ranks, and the buffers its all-to-alls exchange.
+
+Rank p holds tokens `[tok0[p], tok0[p+1])` of the sequence and, after the pre-attention all-to-all,
+heads `[head0[p], head0[p+1])`; both splits give the first `n % P` ranks one more (any head count,
+any sequence length). Gathered tensors are kept sequence-major, `[S, ..., B, h, D]` in memory and
+viewed as `[B, S, h, D]`, so that one rank's rows of the sequence are one contiguous chunk: the
+chunks of an all-to-all are then plain slices and attention reads them through strides.
+
+Pre-attention (`pack_qkv` / `unpack_qkv`): rank r sends rank p the chunk `[S_r, 3, B, h_p, D]`
+(q, k, v of p's heads on r's tokens) and receives `[S_p, 3, B, h_r, D]` from every p, i.e. one
+`[S, 3, B, h_r, D]` buffer. Post-attention (serial path, `unpack_out`): the attention output
+`[S, B, h_r, D]` is already the send buffer; rank r receives `[S_r, B, h_p, D]` from every p.
+
+Example:
+    >>> plan = UlyssesPlan(world=4, rank=1, batch=1, seq_lens=split_sizes(10, 4), heads=30, head_dim=64)
+    >>> plan.head0, plan.tok0
+    ([0, 8, 16, 23, 30], [0, 3, 6, 8, 10])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from xstage.errors import InputError
+
+
+def split_sizes(n: int, parts: int) -> list[int]:
+    """`n` items over `parts` ranks, the first `n % parts` ranks taking one more."""
+    if parts < 1:
+        raise InputError(f"parts: must be >= 1, got {parts}")
+    if n < 0:
+        raise InputError(f"n: must be >= 0, got {n}")
+    return [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + int(s))
+    return out
+
+
+@dataclass(frozen=True)
+class UlyssesPlan:
+    """Token and head split of one Ulysses layer as seen from `rank`."""
+
+    world: int
+    rank: int
+    batch: int
+    seq_lens: tuple[int, ...]
+    heads: int
+    head_dim: int
+
+    def __init__(self, world, rank, batch, seq_lens, heads, head_dim):
+        seq_lens = tuple(int(s) for s in seq_lens)
+        if world < 1:
+            raise InputError(f"world size: must be >= 1, got {world}")
+        if not 0 <= rank < world:
+            raise InputError(f"rank: must be in 0..{world - 1}, got {rank}")
+        if len(seq_lens) != world or any(s < 0 for s in seq_lens) or sum(seq_lens) == 0:
+            raise InputError(f"seq_lens: expected {world} non-negative token counts with a positive sum, "
+                             f"got {list(seq_lens)}")
+        if heads < world:
+            raise InputError(f"heads H={heads}: must be >= the number of ranks P={world} (every rank "
+                             "needs a head)")
+        object.__setattr__(self, "world", int(world))
+        object.__setattr__(self, "rank", int(rank))
+        object.__setattr__(self, "batch", int(batch))
+        object.__setattr__(self, "seq_lens", seq_lens)
+        object.__setattr__(self, "heads", int(heads))
+        object.__setattr__(self, "head_dim", int(head_dim))
+
+    @property
+    def head0(self) -> list[int]:
+        return _offsets(split_sizes(self.heads, self.world))
+
+    @property
+    def tok0(self) -> list[int]:
+        return _offsets(self.seq_lens)
+
+    @property
+    def seq_total(self) -> int:
+        return sum(self.seq_lens)
+
+    def heads_of(self, p: int) -> int:
+        h = self.head0
+        return h[p + 1] - h[p]
+
+    @property
+    def uniform(self) -> bool:
+        return self.heads % self.world == 0 and len(set(self.seq_lens)) == 1
+
+    def qkv_send_splits(self) -> list[int]:
+        """Elements sent to each rank by the pre-attention all-to-all."""
+        n = self.seq_lens[self.rank] * 3 * self.batch * self.head_dim
+        return [n * self.heads_of(p) for p in range(self.world)]
+
+    def qkv_recv_splits(self) -> list[int]:
+        n = 3 * self.batch * self.heads_of(self.rank) * self.head_dim
+        return [n * s for s in self.seq_lens]
+
+    def out_send_splits(self) -> list[int]:
+        n = self.batch * self.heads_of(self.rank) * self.head_dim
+        return [n * s for s in self.seq_lens]
+
+    def out_recv_splits(self) -> list[int]:
+        n = self.seq_lens[self.rank] * self.batch * self.head_dim
+        return [n * self.heads_of(p) for p in range(self.world)]
+
+
+def check_local(plan: UlyssesPlan, name: str, t: torch.Tensor) -> None:
+    want = (plan.batch, plan.seq_lens[plan.rank], plan.heads, plan.head_dim)
+    if tuple(t.shape) != want:
+        raise InputError(f"{name}: expected local shape [B, S_local, H, D] = {list(want)}, got {list(t.shape)}")
+
+
+def pack_qkv(plan: UlyssesPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The flat send buffer of the pre-attention all-to-all: chunk p is `[S_r, 3, B, h_p, D]`."""
+    B, S_r, H, D = q.shape
+    send = torch.empty(sum(plan.qkv_send_splits()), dtype=q.dtype, device=q.device)
+    if plan.heads % plan.world == 0:
+        h = H // plan.world
+        view = send.view(plan.world, S_r, 3, B, h, D)
+        for i, t in enumerate((q, k, v)):
+            view[:, :, i].copy_(t.view(B, S_r, plan.world, h, D).permute(2, 1, 0, 3, 4))
+        return send
+    off = 0
+    head0 = plan.head0
+    for p, n in enumerate(plan.qkv_send_splits()):
+        h = plan.heads_of(p)
+        chunk = send[off:off + n].view(S_r, 3, B, h, D)
+        for i, t in enumerate((q, k, v)):
+            chunk[:, i].copy_(t[:, :, head0[p]:head0[p + 1]].transpose(0, 1))
+        off += n
+    return send
+
+
+def unpack_qkv(plan: UlyssesPlan, recv: torch.Tensor):
+    """Views `[B, S, h_r, D]` of q, k, v inside the receive buffer `[S, 3, B, h_r, D]` (no copy)."""
+    h = plan.heads_of(plan.rank)
+    g = recv.view(plan.seq_total, 3, plan.batch, h, plan.head_dim).permute(1, 2, 0, 3, 4)
+    return g[0], g[1], g[2]
+
+
+def empty_gathered_out(plan: UlyssesPlan, dtype, device) -> torch.Tensor:
+    """Attention output of this rank's heads over the whole sequence: `[S, B, h_r, D]` viewed `[B, S, h_r, D]`."""
+    h = plan.heads_of(plan.rank)
+    return torch.empty(plan.seq_total, plan.batch, h, plan.head_dim, dtype=dtype, device=device).transpose(0, 1)
+
+
+def unpack_out(plan: UlyssesPlan, recv: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Write the post-attention receive buffer (chunk p = `[S_r, B, h_p, D]`) into `out` `[B, S_r, H, D]`."""
+    S_r = plan.seq_lens[plan.rank]
+    B, D = plan.batch, plan.head_dim
+    if plan.heads % plan.world == 0:
+        h = plan.heads // plan.world
+        out.view(B, S_r, plan.world, h, D).copy_(recv.view(plan.world, S_r, B, h, D).permute(2, 1, 0, 3, 4))
+        return out
+    off = 0
+    head0 = plan.head0
+    for p, n in enumerate(plan.out_recv_splits()):
+        h = plan.heads_of(p)
+        out[:, :, head0[p]:head0[p + 1]].copy_(recv[off:off + n].view(S_r, B, h, D).transpose(0, 1))
+        off += n
+    return out

@@ -1,0 +1,304 @@
+"""Ulysses sequence-parallel attention whose post-attention all-to-all runs inside the attention kernel.
+
+Problem: every rank holds its tokens of q, k, v as `[B, S_local, H, D]` (yunchang's layout) and
+needs attention over the whole sequence for its tokens and all heads, returned as `[B, S_local, H, D]`.
+
+Algorithm (P ranks, rank r owns heads `head0[r]:head0[r+1]` after the first exchange):
+1. pre-attention all-to-all of q, k, v (one `all_to_all_single`; see `layout.py`): rank r gets its
+   heads over the whole sequence;
+2. `mode="fused"`: the persistent FlashAttention kernel walks its query tiles; when a tile's output
+   is final it stores each row into the output buffer of the rank that owns the row and raises that
+   rank's per-source counter, then moves on to the next tile (no communication warp or SM). The
+   receiver waits for its counters (a one-program kernel, bounded by the context's timeout).
+   `mode="serial"`: the same kernel writes a local output, then one all-to-all moves it.
+
+Any head count and sequence length work: heads and tokens are split with the first `n % P` ranks
+taking one more; pass `seq_lens` (every rank's token count) when the ranks' counts differ.
+
+Groups: `group` (a ProcessGroup, default the world group) runs the pre-attention all-to-all through
+torch.distributed (NCCL, or gloo for ranks sharing one GPU) and the fused exchange through a
+`peer` `xstage.comm` context built on first use. `comm=` passes a context instead; a loopback
+context (`path="host"` or `"hbm"`) lets one device play rank r of P: rank p holds the local shard
+shifted by p - r tokens (cyclically), so what peers would send is synthesized from local data, the
+stores for other ranks land in buffers on the chosen path, and the other ranks' heads of the
+returned output are computed by the same kernel outside the exchange.
+
+Example (one device, loopback; runs in the CPU interpreter too):
+    >>> import torch
+    >>> from xstage.comm import create_context
+    >>> from xstage.attention import ulysses_attention
+    >>> ctx = create_context(path="hbm", loopback_world=2, rank=0)
+    >>> q, k, v = (torch.randn(1, 64, 4, 32, dtype=torch.float16) for _ in range(3))
+    >>> ulysses_attention(q, k, v, comm=ctx).shape
+    torch.Size([1, 64, 4, 32])
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from xstage.attention.flash import Exchange, FlashConfig, _check_qkv, default_config, flash_attention
+from xstage.attention.layout import (
+    UlyssesPlan,
+    check_local,
+    empty_gathered_out,
+    pack_qkv,
+    split_sizes,
+    unpack_out,
+    unpack_qkv,
+)
+from xstage.comm.device import use_ptx
+from xstage.comm.ulysses_signals import expected_tiles, wait_counters
+from xstage.errors import InputError
+
+MODES = ("fused", "serial")
+
+
+@dataclass
+class FusedState:
+    """Buffers and tables of the fused exchange for one shape on one context."""
+
+    plan: UlyssesPlan
+    out: object  # SymmBuffer [B, S_max, H, D]: every rank's output
+    sig: torch.Tensor  # int32 counters this rank waits on (loopback: one per destination)
+    exchange: Exchange
+    wait_table: torch.Tensor
+    wait_expected: torch.Tensor
+    wait_peers: torch.Tensor
+
+    def own_output(self) -> torch.Tensor:
+        s = self.plan.seq_lens[self.plan.rank]
+        return self.out.local[:, :s]
+
+
+_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_GROUP_CONTEXTS: dict[str, object] = {}
+
+
+def fused_state(ctx, plan: UlyssesPlan, dtype: torch.dtype, block_m: int) -> FusedState:
+    """The (cached) output buffers, counters and tables for `plan` on context `ctx`."""
+    cache = _STATES.setdefault(ctx, {})
+    key = (plan, dtype, block_m)
+    if key in cache:
+        return cache[key]
+    dev = ctx.device
+    B, H, D, P, r = plan.batch, plan.heads, plan.head_dim, plan.world, plan.rank
+    s_max = max(plan.seq_lens)
+    tag = f"ulysses.{B}x{'-'.join(map(str, plan.seq_lens))}x{H}x{D}.{str(dtype)[6:]}.bm{block_m}"
+    out = ctx.alloc(tag + ".out", (B, s_max, H, D), dtype)
+    heads = [plan.heads_of(p) for p in range(P)]
+    tok0 = plan.tok0
+    if ctx.loopback:
+        # Counters stay in device memory even on the host path: the tiles cross the path, the
+        # counters only mark them, and the sender's own GPU is the one that waits.
+        sig = torch.zeros(P, dtype=torch.int32, device=dev)
+        sig_table = sig_addrs = torch.tensor([sig[p].data_ptr() for p in range(P)], dtype=torch.int64,
+                                             device=dev)
+        expected = [expected_tiles(tok0, heads, B, block_m, p)[r] for p in range(P)]
+        peers = list(range(P))
+    else:
+        sig_buf = ctx.alloc(tag + ".sig", (P,), torch.int32)
+        sig = sig_buf.local
+        sig_table = sig_buf.ptrs + 4 * r
+        sig_addrs = torch.tensor([sig[p].data_ptr() for p in range(P)], dtype=torch.int64, device=dev)
+        expected = expected_tiles(tok0, heads, B, block_m, r)
+        peers = list(range(P))
+    exchange = Exchange(
+        dst_table=out.ptrs, row0=torch.tensor(tok0, dtype=torch.int32, device=dev),
+        batch_stride=s_max * H * D, head_offset=plan.head0[r], sig_table=sig_table, sig_like=sig,
+        row_stride=H * D, head_stride=D,
+    )
+    state = FusedState(plan, out, sig, exchange, sig_addrs,
+                       torch.tensor(expected, dtype=torch.int32, device=dev),
+                       torch.tensor(peers, dtype=torch.int32, device=dev))
+    cache[key] = state
+    return state
+
+
+def run_fused(state: FusedState, ctx, qg, kg, vg, *, softmax_scale=None, config: FlashConfig | None = None,
+              wait: bool = True) -> None:
+    """Attention of this rank's heads with the output exchange in the epilogue, then (if `wait`)
+    the bounded wait for this rank's counters (loopback: for every destination's counter)."""
+    flash_attention(qg, kg, vg, softmax_scale=softmax_scale, config=config, exchange=state.exchange,
+                    out=state.own_output())
+    if wait:
+        wait_fused(state, ctx)
+
+
+def wait_fused(state: FusedState, ctx) -> None:
+    wait_counters(state.wait_table, state.sig, state.wait_expected, state.wait_peers, ctx.error,
+                  ctx.timeout_ns, use_ptx=use_ptx())
+
+
+def loopback_gather(plan: UlyssesPlan, t: torch.Tensor) -> torch.Tensor:
+    """The whole sequence `[B, S, H, D]` that a loopback group holds: rank p's shard is the local
+    shard shifted by p - r tokens (cyclically), truncated or repeated to rank p's token count."""
+    idx = loopback_index(plan, t.device)
+    return t.index_select(1, idx)
+
+
+def loopback_index(plan: UlyssesPlan, device) -> torch.Tensor:
+    s_r = plan.seq_lens[plan.rank]
+    if s_r == 0:
+        raise InputError("loopback: the local shard must hold at least one token")
+    parts = [(torch.arange(s, device=device) + (p - plan.rank)) % s_r for p, s in enumerate(plan.seq_lens)]
+    return torch.cat(parts)
+
+
+def _resolve(group, comm, mode):
+    if mode not in MODES:
+        raise InputError(f"mode {mode!r}: must be one of {MODES}")
+    if comm is not None:
+        if group is not None:
+            raise InputError("group, comm: pass one of them, not both")
+        return comm.world, comm.rank, comm, None
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise InputError("group: torch.distributed is not initialised; pass comm= (e.g. a loopback context)")
+    group = group or dist.group.WORLD
+    return dist.get_world_size(group), dist.get_rank(group), None, group
+
+
+def _group_context(group):
+    from xstage.comm import create_context
+
+    name = getattr(group, "group_name", None) or str(id(group))
+    if name not in _GROUP_CONTEXTS:
+        _GROUP_CONTEXTS[name] = create_context(group, path="peer")
+    return _GROUP_CONTEXTS[name]
+
+
+def _pre_alltoall(plan, q, k, v, group):
+    import torch.distributed as dist
+
+    send = pack_qkv(plan, q, k, v)
+    recv = torch.empty(sum(plan.qkv_recv_splits()), dtype=q.dtype, device=q.device)
+    dist.all_to_all_single(recv, send, plan.qkv_recv_splits(), plan.qkv_send_splits(), group=group)
+    return unpack_qkv(plan, recv)
+
+
+def _loopback_peer_heads(plan, q, kf, vf, out, scale, config):
+    """Fill the heads of `out` that other ranks would send (loopback): same kernel, same math."""
+    h0, h1 = plan.head0[plan.rank], plan.head0[plan.rank + 1]
+    for a, b in ((0, h0), (h1, plan.heads)):
+        if b > a:
+            flash_attention(q[:, :, a:b], kf[:, :, a:b], vf[:, :, a:b], softmax_scale=scale,
+                            out=out[:, :, a:b], config=config)
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group=None,
+    *,
+    softmax_scale: float | None = None,
+    mode: str = "fused",
+    comm=None,
+    seq_lens=None,
+    config: FlashConfig | None = None,
+    check: bool = True,
+) -> torch.Tensor:
+    """Ulysses attention: `[B, S_local, H, D]` q, k, v in, `[B, S_local, H, D]` out (non-causal).
+
+    `group`: ProcessGroup (None: the world group). `comm`: an `xstage.comm` context instead (a
+    loopback context makes one device play one rank). `mode`: "fused" (exchange in the kernel's
+    epilogue) or "serial" (kernel, then the exchange). `seq_lens`: every rank's token count (default:
+    all equal to this rank's). `check`: after a fused run, synchronise and raise `CommTimeoutError`
+    if a counter wait timed out (skipped while a CUDA graph is being captured).
+
+    Example: see the module docstring.
+    """
+    _check_qkv(q, k, v)
+    world, rank, ctx, group = _resolve(group, comm, mode)
+    B, s_r, H, D = q.shape
+    if k.shape != q.shape:
+        raise InputError(f"k, v: expected the local shape of q {list(q.shape)}, got {list(k.shape)}")
+    seq_lens = [s_r] * world if seq_lens is None else [int(s) for s in seq_lens]
+    plan = UlyssesPlan(world, rank, B, seq_lens, H, D)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_local(plan, name, t)
+    cfg = config or default_config(D, q.dtype, q.device)
+    if world == 1:
+        return flash_attention(q, k, v, softmax_scale=softmax_scale, config=cfg)
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    kf = vf = None
+    if ctx is not None and ctx.loopback:
+        qf, kf, vf = (loopback_gather(plan, t) for t in (q, k, v))
+        qg, kg, vg = qf[:, :, h0:h1], kf[:, :, h0:h1], vf[:, :, h0:h1]
+    else:
+        qg, kg, vg = _pre_alltoall(plan, q, k, v, group)
+    if mode == "fused":
+        if ctx is None:
+            ctx = _group_context(group)
+        state = fused_state(ctx, plan, q.dtype, cfg.block_m)
+        run_fused(state, ctx, qg, kg, vg, softmax_scale=softmax_scale, config=cfg)
+        if check and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            ctx.check()
+        # A copy, so that the next call's stores cannot overwrite what the caller holds.
+        out = state.own_output().clone()
+    else:
+        og = empty_gathered_out(plan, q.dtype, q.device)
+        flash_attention(qg, kg, vg, softmax_scale=softmax_scale, out=og, config=cfg)
+        out = torch.empty_like(q)
+        if ctx is not None and ctx.loopback:
+            serial_loopback_exchange(plan, og, fused_state(ctx, plan, q.dtype, cfg.block_m).out)
+            out.copy_(fused_state(ctx, plan, q.dtype, cfg.block_m).own_output())
+        else:
+            import torch.distributed as dist
+
+            recv = torch.empty(sum(plan.out_recv_splits()), dtype=q.dtype, device=q.device)
+            send = og.transpose(0, 1).reshape(-1)  # [S, B, h_r, D] is contiguous: no copy
+            dist.all_to_all_single(recv, send, plan.out_recv_splits(), plan.out_send_splits(), group=group)
+            unpack_out(plan, recv, out)
+    if kf is not None:
+        _loopback_peer_heads(plan, q, kf, vf, out, softmax_scale, cfg)
+    return out
+
+
+def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, out_buf) -> None:
+    """The serial exchange on a loopback group: copy each rank's rows of `og` into its buffer."""
+    h0, h1 = plan.head0[plan.rank], plan.head0[plan.rank + 1]
+    tok0 = plan.tok0
+    for p in range(plan.world):
+        if tok0[p + 1] > tok0[p]:
+            out_buf.peers[p][:, :plan.seq_lens[p], h0:h1].copy_(og[:, tok0[p]:tok0[p + 1]], non_blocking=True)
+
+
+class UlyssesAttention(torch.nn.Module):
+    """`nn.Module` form of `ulysses_attention` with yunchang's call signature.
+
+    Example:
+        >>> from xstage.comm import create_context
+        >>> attn = UlyssesAttention(comm=create_context(path="hbm", loopback_world=2))
+        >>> x = torch.randn(1, 32, 2, 16, dtype=torch.float16)
+        >>> attn(x, x, x).shape
+        torch.Size([1, 32, 2, 16])
+    """
+
+    def __init__(self, sequence_process_group=None, *, mode: str = "fused", comm=None,
+                 config: FlashConfig | None = None):
+        super().__init__()
+        if mode not in MODES:
+            raise InputError(f"mode {mode!r}: must be one of {MODES}")
+        self.group = sequence_process_group
+        self.mode = mode
+        self.comm = comm
+        self.config = config
+
+    def forward(self, query, key, value, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                causal: bool = False, seq_lens=None, **unused):
+        if dropout_p != 0.0:
+            raise InputError(f"dropout_p={dropout_p}: only 0.0 is supported (inference)")
+        if causal:
+            raise InputError("causal=True: only non-causal attention is supported (DiT)")
+        return ulysses_attention(query, key, value, self.group, softmax_scale=softmax_scale, mode=self.mode,
+                                 comm=self.comm, seq_lens=seq_lens, config=self.config)
+
+
+__all__ = ["MODES", "FusedState", "UlyssesAttention", "fused_state", "loopback_gather", "run_fused",
+           "serial_loopback_exchange", "split_sizes", "ulysses_attention", "wait_fused"]

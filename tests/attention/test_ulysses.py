@@ -1,0 +1,131 @@
+import pytest
+import torch
+
+from xstage.attention import UlyssesAttention, ulysses_attention, ulysses_reference
+from xstage.attention.layout import UlyssesPlan, pack_qkv, split_sizes, unpack_out, unpack_qkv
+from xstage.attention.ulysses import fused_state, loopback_index, run_fused
+from xstage.comm import create_context
+from xstage.comm.ulysses_signals import tiles_touching, wait_counters
+from xstage.errors import CommTimeoutError, InputError
+
+TOL = {torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def _rand(shape, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype=dtype, device=device)
+
+
+def test_split_sizes_and_tiles():
+    assert split_sizes(30, 4) == [8, 8, 7, 7]
+    assert split_sizes(30, 8) == [4, 4, 4, 4, 4, 4, 3, 3]
+    assert split_sizes(3, 5) == [1, 1, 1, 0, 0]
+    for start, end, bm in [(0, 100, 64), (100, 200, 64), (5, 6, 4), (7, 7, 4), (64, 128, 64)]:
+        brute = sum(1 for i in range(0, 300, bm) if any(i <= row < i + bm for row in range(start, end)))
+        assert tiles_touching(start, end, bm) == brute
+
+
+@pytest.mark.parametrize("world,H,seq", [(3, 5, [7, 6, 6]), (2, 4, [8, 8]), (4, 30, [5, 4, 4, 3])],
+                         ids=["P3-H5-uneven", "P2-H4-even", "P4-H30-uneven"])
+def test_pack_unpack_is_the_reference_permutation(world, H, seq):
+    # every rank packs, a plain all-to-all moves the chunks, every rank unpacks: the gathered q of
+    # rank r must be its heads over the whole sequence, and the post-attention path must invert it
+    B, D = 2, 8
+    shards = [torch.randn(B, s, H, D) for s in seq]
+    plans = [UlyssesPlan(world, r, B, seq, H, D) for r in range(world)]
+    sends = [pack_qkv(plans[r], shards[r], 2 * shards[r], 3 * shards[r]) for r in range(world)]
+    for r in range(world):
+        chunks = [torch.split(sends[p], plans[p].qkv_send_splits())[r] for p in range(world)]
+        qg, kg, vg = unpack_qkv(plans[r], torch.cat(chunks))
+        h0, h1 = plans[r].head0[r], plans[r].head0[r + 1]
+        want = torch.cat([s[:, :, h0:h1] for s in shards], dim=1)
+        assert torch.equal(qg, want) and torch.equal(kg, 2 * want) and torch.equal(vg, 3 * want)
+    # post-attention: rank p's gathered "output" is its heads over the sequence; each rank must get back
+    # exactly its own tokens with all heads
+    full = torch.cat(shards, dim=1)
+    gathered = [full[:, :, plans[0].head0[p]:plans[0].head0[p + 1]].transpose(0, 1).contiguous() for p in range(world)]
+    for r in range(world):
+        chunks = [torch.split(gathered[p].reshape(-1), plans[p].out_send_splits())[r] for p in range(world)]
+        out = unpack_out(plans[r], torch.cat(chunks), torch.full_like(shards[r], float("nan")))
+        assert torch.equal(out, shards[r])
+
+
+def _loopback_case(world, rank, H, seq, dtype, device, path):
+    B, D = 2, 32
+    s_r = seq[rank]
+    q, k, v = (_rand((B, s_r, H, D), dtype, device, 10 + i) for i in range(3))
+    plan = UlyssesPlan(world, rank, B, seq, H, D)
+    idx = loopback_index(plan, device)
+    starts = plan.tok0
+    shards = [[t.index_select(1, idx[starts[p]:starts[p + 1]]) for p in range(world)] for t in (q, k, v)]
+    refs = ulysses_reference(*shards)
+    ctx = create_context(path=path, loopback_world=world, rank=rank, device=device)
+    return plan, (q, k, v), refs, ctx
+
+
+@pytest.mark.parametrize("mode", ["fused", "serial"])
+@pytest.mark.parametrize(
+    "world,rank,H,seq,dtype",
+    [
+        pytest.param(2, 0, 4, [64, 64], torch.float16, id="P2-r0-H4-S128-fp16"),
+        pytest.param(4, 2, 30, [37, 37, 36, 36], torch.float16, id="P4-r2-H30-S146-fp16"),
+        pytest.param(3, 1, 5, [21, 20, 20], torch.float32, id="P3-r1-H5-S61-fp32"),
+    ],
+)
+def test_loopback_layout_and_values(world, rank, H, seq, dtype, mode, device):
+    plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, dtype, device, "hbm")
+    cfg_bm = 32 if device == "cpu" else 128
+    out_buf = fused_state(ctx, plan, dtype, cfg_bm).out
+    for t in out_buf.peers:
+        t.fill_(float("nan"))
+    out = ulysses_attention(q, k, v, comm=ctx, mode=mode, seq_lens=seq)
+    assert out.shape == q.shape and not out.isnan().any()
+    torch.testing.assert_close(out.double(), refs[rank], atol=TOL[dtype], rtol=TOL[dtype])
+    # every destination received exactly its tokens of this rank's heads
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    for p in range(world):
+        got = out_buf.peers[p][:, :seq[p], h0:h1]
+        assert not got.isnan().any(), f"destination {p} has unwritten rows"
+        torch.testing.assert_close(got.double(), refs[p][:, :, h0:h1], atol=TOL[dtype], rtol=TOL[dtype])
+    ctx.close()
+
+
+def test_fused_counters_reset_and_timeout(device):
+    world, rank, H, seq = 3, 0, 3, [20, 20, 20]
+    plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
+    # two calls in a row: the counters must be handed back in between
+    for _ in range(2):
+        out = ulysses_attention(q, k, v, comm=ctx, seq_lens=seq)
+        torch.testing.assert_close(out.double(), refs[rank], atol=2e-3, rtol=2e-3)
+    state = fused_state(ctx, plan, torch.float16, 32 if device == "cpu" else 128)
+    assert state.sig.abs().sum().item() == 0
+    # a destination that never gets its last tile: the wait gives up and names rank, peer and stage
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    qf, kf, vf = (t.index_select(1, loopback_index(plan, device))[:, :, h0:h1] for t in (q, k, v))
+    run_fused(state, ctx, qf, kf, vf, wait=False)
+    short = state.wait_expected.clone()
+    short[2] += 1
+    ctx.timeout_ns = 50_000
+    wait_counters(state.wait_table, state.sig, short, state.wait_peers, ctx.error, ctx.timeout_ns,
+                  use_ptx=device != "cpu")
+    with pytest.raises(CommTimeoutError, match=r"rank 0: wait for peer 2 timed out at stage attention\.ulysses_output"):
+        ctx.check()
+    ctx.close()
+
+
+def test_module_and_bad_inputs(device):
+    ctx = create_context(path="hbm", loopback_world=2, rank=1, device=device)
+    x = _rand((1, 16, 2, 16), torch.float16, device, 0)
+    attn = UlyssesAttention(comm=ctx, mode="serial")
+    assert attn(x, x, x).shape == x.shape
+    with pytest.raises(InputError, match="causal"):
+        attn(x, x, x, causal=True)
+    with pytest.raises(InputError, match="mode"):
+        ulysses_attention(x, x, x, comm=ctx, mode="overlap")
+    with pytest.raises(InputError, match="heads H=2"):
+        ulysses_attention(x, x, x, comm=create_context(path="hbm", loopback_world=4, device=device))
+    with pytest.raises(InputError, match="seq_lens"):
+        ulysses_attention(x, x, x, comm=ctx, seq_lens=[16, 17, 3])
+    with pytest.raises(InputError, match="local shape"):
+        ulysses_attention(x, x, x, comm=ctx, seq_lens=[10, 10])
+    ctx.close()
