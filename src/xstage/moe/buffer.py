@@ -1,0 +1,224 @@
+"""The MoE context: capacities, device buffers, counters and signals of one EP group member.
+
+Problem: the fused kernel needs receive/activation buffers, a combine buffer every peer can store
+into, readiness counters, completion signals and an error word, all sized once from
+`num_max_tokens_per_rank, num_experts, topk, hidden, intermediate` and the group, and reused (the
+counters reset themselves, so calls can be captured in a CUDA graph).
+
+Groups:
+- `LoopbackGroup(num_ranks, path)`: one GPU plays rank 0 of an EP group of `num_ranks`. Peers are
+  synthesised from the same routing (see `reference.loopback_inputs`): dispatch pulls from the local
+  `x`, and combine rows meant for peers go to the `path` destination: `hbm` (a device buffer) or
+  `host` (pinned host memory over PCIe, a store path with a finite drain rate).
+- a `torch.distributed` process group: buffers are PyTorch symmetric memory; peers are reached
+  through peer-relative offsets (`map(p, r) = p + base[r] - base[self]`).
+
+Example:
+    >>> from xstage.moe.buffer import BlockConfig, MoEBuffer, LoopbackGroup
+    >>> buf = MoEBuffer(num_max_tokens_per_rank=64, num_experts=8, topk=2, hidden=64, intermediate=64,
+    ...                 group=LoopbackGroup(2), device="cpu", dtype="float16",
+    ...                 config=BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32))
+    >>> buf.num_local_experts, buf.total_bytes() > 0
+    (4, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from xstage.errors import CommTimeoutError, InputError
+
+STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE = 32, 33, 34, 35
+STAGE_NAMES = {
+    STAGE_L1_WAIT: "moe.linear1_waits_dispatch",
+    STAGE_L2_WAIT: "moe.linear2_waits_linear1",
+    STAGE_COMBINE_DONE: "moe.reduce_waits_combine",
+    STAGE_BUFFER_FREE: "moe.combine_buffer_free",
+}
+try:
+    from xstage.comm.stages import register_stage
+
+    for _code, _name in STAGE_NAMES.items():
+        register_stage(_code, _name)
+except ImportError:
+    pass
+
+MAX_BUFFER_BYTES = 96 << 30
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch options of the fused kernel (one unit = `block_m` rows of one expert)."""
+
+    block_m: int = 128
+    block_n1: int = 128
+    block_n2: int = 256
+    block_k: int = 64
+    block_d: int = 128
+    num_warps: int = 8
+    num_stages: int = 3
+    ctas_per_sm: int = 0
+
+
+@dataclass
+class LoopbackGroup:
+    """One GPU standing in for rank 0 of `num_ranks`; `silent_ranks` never signal (tests the timeouts)."""
+
+    num_ranks: int
+    path: str = "hbm"
+    silent_ranks: tuple[int, ...] = field(default_factory=tuple)
+
+
+def _pos(name: str, v) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise InputError(f"{name}={v!r}: must be a positive integer")
+    return v
+
+
+class MoEBuffer:
+    """Buffers and signals of one rank of an expert-parallel MoE layer (see module docstring)."""
+
+    def __init__(self, num_max_tokens_per_rank, num_experts, topk, hidden, intermediate, group=None, *,
+                 device="cuda", dtype=torch.bfloat16, config: BlockConfig | None = None,
+                 capacity_factor: float = 2.0, max_bytes: int = MAX_BUFFER_BYTES):
+        self.T_max = _pos("num_max_tokens_per_rank", num_max_tokens_per_rank)
+        self.E = _pos("num_experts", num_experts)
+        self.K = _pos("topk", topk)
+        self.H = _pos("hidden", hidden)
+        self.I = _pos("intermediate", intermediate)
+        self.cfg = config or BlockConfig()
+        self.dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+        if self.dtype not in _DTYPES.values():
+            raise InputError(f"dtype={dtype}: must be one of {sorted(_DTYPES)}")
+        self.device = torch.device(device)
+        self.group = group if group is not None else LoopbackGroup(1)
+        self.loopback = isinstance(self.group, LoopbackGroup)
+        if self.loopback:
+            self.R, self.rank = _pos("num_ranks", self.group.num_ranks), 0
+            if self.group.path not in ("hbm", "host"):
+                raise InputError(f"path={self.group.path!r}: must be 'hbm' or 'host'")
+        else:
+            import torch.distributed as dist
+
+            self.R, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        if self.K > self.E:
+            raise InputError(f"topk={self.K}: must be <= num_experts={self.E}")
+        if self.E % self.R:
+            raise InputError(f"num_experts={self.E}: must be a multiple of the group size {self.R}")
+        c = self.cfg
+        for name, v, b in (("hidden", self.H, c.block_k), ("hidden", self.H, c.block_d),
+                           ("intermediate", self.I, c.block_n1), ("intermediate", self.I, c.block_k)):
+            if v % b:
+                raise InputError(f"{name}={v}: must be a multiple of {b} (block config)")
+        if self.H % 8:
+            raise InputError(f"hidden={self.H}: must be a multiple of 8 (16-byte rows)")
+        self.E_local = self.E // self.R
+        rows = min(self.R * self.T_max * self.K, int(capacity_factor * self.T_max * self.K))
+        rows += self.E_local * (c.block_m - 1)
+        self.units_cap = -(-rows // c.block_m)
+        self.rows_cap = self.units_cap * c.block_m
+        self._check_size(max_bytes)
+        self._allocate()
+
+    @property
+    def num_local_experts(self) -> int:
+        return self.E_local
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes of each buffer (device unless noted); `total_bytes()` sums them."""
+        e = torch.tensor([], dtype=self.dtype).element_size()
+        out = {
+            "recv": self.rows_cap * self.H * e,
+            "act": self.rows_cap * self.I * e,
+            "combine": self.K * self.T_max * self.H * e,
+            "x": 0 if self.loopback else self.T_max * self.H * e,
+            "counters": 4 * (self.units_cap + 8 + 4 * self.R),
+        }
+        if self.loopback and self.group.path == "host" and self.R > 1:
+            out["combine_host"] = out["combine"]
+        return out
+
+    def total_bytes(self) -> int:
+        return sum(self.nbytes().values())
+
+    def _check_size(self, max_bytes: int) -> None:
+        total = self.total_bytes()
+        if total > max_bytes:
+            parts = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in self.nbytes().items())
+            raise InputError(
+                f"MoE buffer needs {total / 2**30:.2f} GiB ({parts}), over the limit {max_bytes / 2**30:.1f} GiB: "
+                f"reduce num_max_tokens_per_rank, topk, hidden or capacity_factor")
+
+    def _allocate(self) -> None:
+        dev, R = self.device, self.R
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.recv = torch.empty(self.rows_cap, self.H, dtype=self.dtype, device=dev)
+        self.act = torch.empty(self.rows_cap, self.I, dtype=self.dtype, device=dev)
+        self.ready = torch.zeros(self.units_cap, **i32)
+        self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, unused
+        self.err = torch.zeros(2, **i32)
+        self.sig_slot = torch.full((R,), self.rank, **i32)
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        if self.loopback:
+            self.combine = torch.empty(self.K, self.T_max, self.H, dtype=self.dtype, device=dev)
+            self.sig = torch.zeros(3 * R + 1, **i32)
+            self.x_buf = None
+            self.sig_delta = torch.zeros(R, dtype=torch.int64, device=dev)
+            self.sig_slot = torch.arange(R, **i32)
+            for q in self.group.silent_ranks:
+                self.sig_slot[q] = 2 * R  # words 2R and 3R: scratch nobody waits on
+            comb_delta = [0] * R
+            self.combine_host = None
+            if self.group.path == "host" and R > 1:
+                self.combine_host = torch.empty(self.K, self.T_max, self.H, dtype=self.dtype,
+                                                pin_memory=dev.type == "cuda")
+                d = (self.combine_host.data_ptr() - self.combine.data_ptr()) // elem
+                comb_delta = [0] + [d] * (R - 1)
+            self.x_delta = torch.zeros(R, dtype=torch.int64, device=dev)
+            self.comb_delta = torch.tensor(comb_delta, dtype=torch.int64, device=dev)
+            # Rows of experts on rank o came back from virtual peer (R - o) % R.
+            self.read_delta = torch.tensor([comb_delta[(R - o) % R] for o in range(R)], dtype=torch.int64, device=dev)
+        else:
+            self._allocate_symmetric(elem)
+
+    def _allocate_symmetric(self, elem: int) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        R, dev = self.R, self.device
+        n_x, n_c = self.T_max * self.H, self.K * self.T_max * self.H
+        n_sig = 2 * R + 8  # int32 words, padded to 16 bytes
+        n_bytes = (n_x + n_c) * elem + n_sig * 4
+        raw = symm_mem.empty(n_bytes, dtype=torch.uint8, device=dev)
+        hdl = symm_mem.rendezvous(raw, self.group.group_name)
+        self._symm, self._hdl = raw, hdl
+        self.x_buf = raw[: n_x * elem].view(self.dtype).view(self.T_max, self.H)
+        self.combine = raw[n_x * elem : (n_x + n_c) * elem].view(self.dtype).view(self.K, self.T_max, self.H)
+        self.sig = raw[(n_x + n_c) * elem :].view(torch.int32)
+        self.sig.zero_()
+        base = hdl.buffer_ptrs
+        delta_bytes = [base[r] - base[self.rank] for r in range(R)]
+        self.x_delta = torch.tensor([d // elem for d in delta_bytes], dtype=torch.int64, device=dev)
+        self.comb_delta = self.x_delta.clone()
+        self.sig_delta = torch.tensor([d // 4 for d in delta_bytes], dtype=torch.int64, device=dev)
+        self.read_delta = torch.zeros(R, dtype=torch.int64, device=dev)
+        torch.cuda.synchronize(dev)
+        hdl.barrier()
+
+    def barrier(self) -> None:
+        """Host-side barrier of the group (inputs written before peers pull them)."""
+        if not self.loopback:
+            torch.cuda.synchronize(self.device)
+            self._hdl.barrier()
+
+    def check(self) -> None:
+        """Raise `CommTimeoutError` if a device wait of this rank timed out (synchronises)."""
+        code, count = self.err.tolist()
+        if code:
+            self.err.zero_()
+            stage, peer = code >> 16, code & 0xFFFF
+            raise CommTimeoutError(
+                f"rank {self.rank}: timed out waiting for peer {peer} at stage "
+                f"{STAGE_NAMES.get(stage, stage)} ({count} timed-out waits)")

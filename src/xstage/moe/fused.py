@@ -1,0 +1,180 @@
+"""`fused_moe`: one MoE layer as one persistent Triton kernel driven by a schedule table.
+
+Problem: `y[t] = sum_k w[t,k] * expert_{idx[t,k]}(x[t])` over an expert-parallel group, with the
+combine's remote stores placed by a schedule (expert_wave, interleaved, lag:k) instead of fixed in code.
+
+Algorithm: (1) routing layout of the rows this rank receives, from every rank's `topk_idx`
+(loopback: synthesised); (2) the schedule table for those units, cached; (3) `moe_main_kernel`:
+dispatch, Linear-1 + SwiGLU, Linear-2 with the combine pushed from its epilogue, a completion signal
+to every peer; (4) `moe_reduce_kernel`: wait for every peer, top-k weighted sum. At equal block sizes
+every schedule computes each tile with the same code and K order, so outputs are bitwise identical.
+
+Example (CPU interpreter, fp16):
+    >>> import os; os.environ.setdefault("TRITON_INTERPRET", "1")  # doctest: +ELLIPSIS
+    '...'
+    >>> import torch
+    >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
+    >>> cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
+    >>> buf = MoEBuffer(16, 4, 2, 64, 32, LoopbackGroup(2), device="cpu", dtype="float16", config=cfg)
+    >>> x = torch.randn(8, 64, dtype=torch.float16)
+    >>> idx = torch.stack([torch.randperm(4)[:2] for _ in range(8)])
+    >>> w = torch.rand(8, 2)
+    >>> l1, l2 = torch.randn(2, 64, 64, dtype=torch.float16) / 8, torch.randn(2, 64, 32, dtype=torch.float16) / 8
+    >>> w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+    >>> fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1").shape
+    torch.Size([8, 64])
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from xstage.errors import InputError
+from xstage.moe import kernels
+from xstage.moe.buffer import (
+    STAGE_BUFFER_FREE,
+    STAGE_COMBINE_DONE,
+    STAGE_L1_WAIT,
+    STAGE_L2_WAIT,
+    MoEBuffer,
+)
+from xstage.moe.layout import routing_layout, unit_experts
+from xstage.moe.schedule import TASK_COLS, Schedule, make_schedule
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEFAULT_TIMEOUT_NS = 2_000_000_000
+_REDUCE_BT = 8
+
+
+def _check_tensor(name, t, shape, dtypes, device):
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name}: expected a tensor, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape):
+        raise InputError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise InputError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if t.device.type != device.type:
+        raise InputError(f"{name}: expected a tensor on {device.type}, got {t.device}")
+    if not t.is_contiguous():
+        raise InputError(f"{name}: must be contiguous")
+
+
+def validate_inputs(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, check_range: bool = True) -> None:
+    """Raise `InputError` naming the argument and the constraint it violates."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise InputError(f"x: expected a 2-d tensor [tokens, hidden], got {getattr(x, 'shape', x)}")
+    T = x.shape[0]
+    if T > buf.T_max:
+        raise InputError(f"x: {T} tokens exceed the buffer capacity num_max_tokens_per_rank={buf.T_max}")
+    _check_tensor("x", x, (T, buf.H), (buf.dtype,), buf.device)
+    _check_tensor("topk_idx", topk_idx, (T, buf.K), (torch.int32, torch.int64), buf.device)
+    _check_tensor("topk_weights", topk_w, (T, buf.K), (torch.float32, buf.dtype), buf.device)
+    _check_tensor("w1t", w1t, (buf.E_local, 2 * buf.I, buf.H), (buf.dtype,), buf.device)
+    _check_tensor("w2", w2, (buf.E_local, buf.H, buf.I), (buf.dtype,), buf.device)
+    if check_range and T and bool(((topk_idx < 0) | (topk_idx >= buf.E)).any()):
+        bad = topk_idx[(topk_idx < 0) | (topk_idx >= buf.E)][0].item()
+        raise InputError(f"topk_idx: value {bad} out of range [0, {buf.E})")
+
+
+def _all_topk(topk_idx: torch.Tensor, buf: MoEBuffer) -> torch.Tensor:
+    """Every rank's routing `[R, T, K]`: synthesised on loopback, all-gathered in a real group."""
+    idx = topk_idx.long()
+    if buf.loopback:
+        shifts = torch.arange(buf.R, device=idx.device)[:, None, None] * buf.E_local
+        return (idx[None] + shifts) % buf.E
+    import torch.distributed as dist
+
+    padded = torch.full((buf.T_max, buf.K), -1, dtype=torch.int64, device=idx.device)
+    padded[: idx.shape[0]] = idx
+    out = [torch.empty_like(padded) for _ in range(buf.R)]
+    dist.all_gather(out, padded, group=buf.group)
+    return torch.stack(out)
+
+
+def num_ctas(buf: MoEBuffer) -> int:
+    """Co-resident CTAs: SMs x CTAs per SM (1 under the interpreter, where programs run in turn)."""
+    if buf.device.type != "cuda" or _INTERPRET:
+        return 1
+    sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
+    return sms * max(1, buf.cfg.ctas_per_sm or 1)
+
+
+class _Plan:
+    """The cached pieces of one routing: layout, schedule and their device tensors."""
+
+    def __init__(self, layout, schedule: Schedule, device):
+        self.layout = layout
+        self.schedule = schedule
+        self.tasks = torch.from_numpy(schedule.tasks).to(device)
+        self.cta_start = torch.from_numpy(schedule.cta_start).to(device)
+
+
+def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _Plan:
+    """Routing layout and schedule table for this call (one host synchronisation for the counts)."""
+    all_idx = _all_topk(topk_idx, buf)
+    local = all_idx[(all_idx // buf.E_local) == buf.rank] % buf.E_local
+    counts = torch.bincount(local.reshape(-1), minlength=buf.E_local).tolist()
+    bm = buf.cfg.block_m
+    experts = unit_experts(counts, bm)
+    if len(experts) * bm > buf.rows_cap:
+        raise InputError(f"routing: {len(experts) * bm} padded rows for this rank exceed the buffer capacity "
+                         f"{buf.rows_cap} rows (raise capacity_factor)")
+    n_units = max(len(experts), 1)
+    lay = routing_layout(all_idx, buf.rank, buf.E_local, bm, buf.rows_cap, n_units, buf.T_max)
+    rows = [min(bm, c - i * bm) for c in counts for i in range(-(-c // bm))]
+    n2 = -(-buf.H // buf.cfg.block_n2)
+    sched = make_schedule(schedule, experts or [0], ctas or num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
+                          unit_rows=rows or [0])
+    return _Plan(lay, sched, buf.device)
+
+
+def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
+           timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True) -> torch.Tensor:
+    """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
+    c = buf.cfg
+    use_ptx = buf.device.type == "cuda" and not _INTERPRET
+    max_spins = 2**31 - 1 if use_ptx else 2000
+    x_src = x if buf.loopback else buf.x_buf
+    common = dict(num_warps=c.num_warps) if not _INTERPRET else {}
+    kernels.moe_main_kernel[(p.schedule.num_ctas,)](
+        p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
+        x_src, buf.x_delta, buf.recv, w1t, w2, buf.act, buf.combine, buf.comb_delta,
+        buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
+        buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins,
+        STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE,
+        TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
+        WAIT=wait, USE_PTX=use_ptx, num_stages=c.num_stages, **common,
+    )
+    T = x.shape[0]
+    kp = triton.next_power_of_2(buf.K)
+    kernels.moe_reduce_kernel[(max(1, triton.cdiv(T, _REDUCE_BT)),)](
+        buf.combine, buf.read_delta, topk_idx, topk_w, y, buf.ready, buf.units_cap,
+        buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
+        buf.R, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins,
+        STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=min(256, triton.next_power_of_2(buf.H)) if buf.H % 256 == 0
+        else 128 if buf.H % 128 == 0 else 64 if buf.H % 64 == 0 else 8, KP=kp,
+        WAIT=wait, USE_PTX=use_ptx, **({"num_warps": 4} if not _INTERPRET else {}),
+    )
+    return y
+
+
+def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
+              timeout_ns: int = DEFAULT_TIMEOUT_NS, check: bool = True) -> torch.Tensor:
+    """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
+
+    `check=True` validates inputs (one host sync for the expert-id range) and raises
+    `CommTimeoutError` after the kernels if a wait timed out (another sync).
+    """
+    validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
+    if not buf.loopback:
+        buf.x_buf[: x.shape[0]].copy_(x)
+        buf.barrier()
+    p = plan(topk_idx, buf, schedule)
+    y = torch.empty_like(x)
+    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
+    if check:
+        buf.check()
+    return y

@@ -1,0 +1,220 @@
+"""Triton kernels of the fused MoE layer: one persistent task-table kernel and the combine reduce.
+
+`moe_main_kernel` (grid = co-resident CTAs) walks its CTA's rows of the schedule table:
+- DISPATCH(u): pull the unit's `block_m` token rows from their source ranks into the local
+  receive buffer, then release the unit's readiness counter.
+- LINEAR1(u, n): wait until the unit is dispatched, `[BM, H] x [H, 2*BN1]` gate/up GEMM, SwiGLU in
+  the epilogue, store `[BM, BN1]` of the activation, release the counter.
+- LINEAR2(u, n): wait until all LINEAR1 slabs of the unit are done, `[BM, I] x [I, BN2]`, and push
+  every output row into `combine[slot, token]` of the token's source rank (vector stores through
+  peer-relative offsets): the remote-store burst.
+The last CTA to finish raises this rank's completion count on every peer (release, system scope).
+`moe_reduce_kernel` waits for every peer's completion, forms `y[t] = sum_k w[t,k] combine[k,t]`,
+resets the readiness counters and tells the peers that its combine buffer may be reused.
+
+Every wait is bounded: `timeout_ns` of `%globaltimer` with `USE_PTX`, else `max_spins` polls. A
+timeout writes `stage << 16 | peer` into the error word (first one wins) and the kernel carries on,
+so the host raises `CommTimeoutError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _now_ns(USE_PTX: tl.constexpr):
+    if USE_PTX:
+        t = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+    else:
+        t = tl.full([], 0, tl.int64)
+    return t
+
+
+@triton.jit
+def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.constexpr, USE_PTX: tl.constexpr):
+    """Poll `*p_flag` (acquire) until it reaches `target` or the bound runs out; 1 if reached."""
+    v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
+    if v < target:
+        t0 = _now_ns(USE_PTX)
+        elapsed = t0 - t0
+        spins = 0
+        while (v < target) & (elapsed < timeout_ns) & (spins < max_spins):
+            v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
+            spins += 1
+            if USE_PTX:
+                elapsed = _now_ns(USE_PTX) - t0
+        if v < target:
+            tl.atomic_cas(p_err, 0, code)
+            tl.atomic_add(p_err + 1, 1)
+    return v >= target
+
+
+@triton.jit
+def _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H,
+              BM: tl.constexpr, BD: tl.constexpr):
+    o_m = tl.arange(0, BM)
+    m_m = o_m < n_rows
+    b_src = tl.load(p_row_src + row0 + o_m, mask=m_m, other=0)  # [BM]
+    b_delta = tl.load(p_x_delta + b_src // T_STRIDE, mask=m_m, other=0)  # [BM] int64
+    o_src = b_delta + (b_src % T_STRIDE).to(tl.int64) * H
+    o_src = tl.multiple_of(o_src, 8)
+    o_dst = (row0 + o_m).to(tl.int64) * H
+    for h in range(0, H, BD):
+        o_d = h + tl.arange(0, BD)
+        b_x = tl.load(p_x + o_src[:, None] + o_d[None, :], mask=m_m[:, None])  # [BM, BD]
+        tl.store(p_recv + o_dst[:, None] + o_d[None, :], b_x, mask=m_m[:, None])
+    tl.debug_barrier()
+    tl.atomic_add(p_ready + u, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _linear1(u, e, row0, n_rows, nb, p_recv, p_w1, p_act, p_ready, H, I,
+             BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr):
+    o_m = tl.arange(0, BM)
+    m_m = o_m < n_rows
+    o_n = tl.arange(0, BN1)
+    o_k = tl.arange(0, BK)
+    p_a = p_recv + (row0 + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
+    o_w = e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
+    p_g = p_w1 + o_w  # [BK, BN1] gate slab
+    p_u = p_g + BN1 * H  # [BK, BN1] up slab (interleaved layout)
+    b_g = tl.zeros([BM, BN1], dtype=tl.float32)
+    b_u = tl.zeros([BM, BN1], dtype=tl.float32)
+    for _k in range(0, H, BK):
+        b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+        b_g = tl.dot(b_a, tl.load(p_g), b_g)
+        b_u = tl.dot(b_a, tl.load(p_u), b_u)
+        p_a += BK
+        p_g += BK
+        p_u += BK
+    b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU
+    p_o = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + (nb * BN1 + o_n)[None, :]
+    tl.store(p_o, b_h.to(p_act.dtype.element_ty), mask=m_m[:, None])
+    tl.debug_barrier()
+    tl.atomic_add(p_ready + u, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_comb_delta, T_STRIDE, H, I,
+             BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr):
+    o_m = tl.arange(0, BM)
+    m_m = o_m < n_rows
+    o_n = nb * BN2 + tl.arange(0, BN2)
+    m_n = o_n < H
+    o_k = tl.arange(0, BK)
+    p_a = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + o_k[None, :]  # [BM, BK]
+    p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
+    b_acc = tl.zeros([BM, BN2], dtype=tl.float32)
+    for _k in range(0, I, BK):
+        b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+        b_acc = tl.dot(b_a, tl.load(p_b, mask=m_n[None, :], other=0.0), b_acc)
+        p_a += BK
+        p_b += BK
+    b_src = tl.load(p_row_src + row0 + o_m, mask=m_m, other=0)  # [BM]
+    b_slot = tl.load(p_row_slot + row0 + o_m, mask=m_m, other=0)
+    b_delta = tl.load(p_comb_delta + b_src // T_STRIDE, mask=m_m, other=0)  # [BM] int64
+    o_row = b_delta + (b_slot.to(tl.int64) * T_STRIDE + b_src % T_STRIDE) * H
+    o_row = tl.multiple_of(o_row, 8)
+    p_c = p_comb + o_row[:, None] + o_n[None, :]  # [BM, BN2] rows of the source ranks' buffers
+    tl.store(p_c, b_acc.to(p_comb.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+
+
+@triton.jit
+def moe_main_kernel(
+    p_tasks, p_cta_start, p_units, p_row_src, p_row_slot,
+    p_x, p_x_delta, p_recv, p_w1, p_w2, p_act, p_comb, p_comb_delta,
+    p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err,
+    rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins,
+    STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr,
+    TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
+    BK: tl.constexpr, BD: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    n_c = tl.num_programs(0)
+    it = tl.load(p_sync + 1)
+    if WAIT:
+        # Peers must have reduced the previous layer before their combine buffers are refilled.
+        for q in range(num_ranks):
+            wait_geq(p_sig + num_ranks + q, it, p_err, STAGE_FREE * 65536 + q, timeout_ns, max_spins,
+                     "sys", USE_PTX)
+    n1 = I // BN1
+    t_begin = tl.load(p_cta_start + i_c)
+    t_end = tl.load(p_cta_start + i_c + 1)
+    for ti in range(t_begin, t_end):
+        p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
+        kind = tl.load(p_t)
+        u = tl.load(p_t + 1)
+        nb = tl.load(p_t + 2)
+        e = tl.load(p_units + u * 4)
+        row0 = tl.load(p_units + u * 4 + 1)
+        n_rows = tl.load(p_units + u * 4 + 2)
+        if n_rows > 0:
+            if kind == 0:
+                _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD)
+            elif kind == 1:
+                if WAIT:
+                    wait_geq(p_ready + u, 1, p_err, STAGE_L1 * 65536 + rank, timeout_ns, max_spins,
+                             "gpu", USE_PTX)
+                _linear1(u, e, row0, n_rows, nb, p_recv, p_w1, p_act, p_ready, H, I, BM, BN1, BK)
+            else:
+                if WAIT:
+                    wait_geq(p_ready + u, 1 + n1, p_err, STAGE_L2 * 65536 + rank, timeout_ns, max_spins,
+                             "gpu", USE_PTX)
+                _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
+                         T_STRIDE, H, I, BM, BN2, BK)
+    tl.debug_barrier()
+    done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
+    if done == n_c - 1:
+        tl.atomic_xchg(p_sync, 0)
+        for q in range(num_ranks):
+            d = tl.load(p_sig_delta + q)
+            slot = tl.load(p_sig_slot + q)
+            tl.atomic_add(p_sig + d + slot, 1, sem="release", scope="sys")
+
+
+@triton.jit
+def moe_reduce_kernel(
+    p_comb, p_read_delta, p_idx, p_w, p_y, p_ready, units_cap,
+    p_sync, p_sig, p_sig_delta, p_sig_slot, p_err,
+    num_ranks, E_LOCAL, T, T_STRIDE, H, K, timeout_ns, max_spins,
+    STAGE_DONE: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, KP: tl.constexpr,
+    WAIT: tl.constexpr, USE_PTX: tl.constexpr,
+):
+    i_t = tl.program_id(0)
+    n_p = tl.num_programs(0)
+    it = tl.load(p_sync + 1)
+    if WAIT:
+        for q in range(num_ranks):
+            wait_geq(p_sig + q, it + 1, p_err, STAGE_DONE * 65536 + q, timeout_ns, max_spins, "sys", USE_PTX)
+    o_t = i_t * BT + tl.arange(0, BT)
+    m_t = o_t < T
+    o_k = tl.arange(0, KP)
+    m_tk = m_t[:, None] & (o_k < K)[None, :]  # [BT, KP]
+    b_idx = tl.load(p_idx + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=0)
+    b_w = tl.load(p_w + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    b_rd = tl.load(p_read_delta + b_idx // E_LOCAL, mask=m_tk, other=0)  # [BT, KP] int64
+    o_row = b_rd + (o_k[None, :].to(tl.int64) * T_STRIDE + o_t[:, None]) * H
+    for h in range(0, H, BH):
+        o_h = h + tl.arange(0, BH)
+        p_c = p_comb + o_row[:, :, None] + o_h[None, None, :]  # [BT, KP, BH]
+        b_c = tl.load(p_c, mask=m_tk[:, :, None], other=0.0).to(tl.float32)
+        b_y = tl.sum(b_c * b_w[:, :, None], axis=1)  # [BT, BH]
+        tl.store(p_y + o_t[:, None].to(tl.int64) * H + o_h[None, :], b_y.to(p_y.dtype.element_ty),
+                 mask=m_t[:, None])
+    tl.debug_barrier()
+    done = tl.atomic_add(p_sync + 2, 1, sem="acq_rel", scope="gpu")
+    if done == n_p - 1:
+        # The main kernel has finished (stream order), so its counters can be cleared for the next call.
+        tl.atomic_xchg(p_sync + 2, 0)
+        for u0 in range(0, units_cap, 1024):
+            o_u = u0 + tl.arange(0, 1024)
+            tl.store(p_ready + o_u, tl.zeros([1024], tl.int32), mask=o_u < units_cap)
+        tl.atomic_xchg(p_sync + 1, it + 1)
+        for q in range(num_ranks):
+            d = tl.load(p_sig_delta + q)
+            slot = tl.load(p_sig_slot + q)
+            tl.atomic_add(p_sig + d + num_ranks + slot, 1, sem="release", scope="sys")

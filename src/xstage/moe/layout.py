@@ -1,0 +1,115 @@
+"""Weight layout for the fused kernel and the routing layout (which rows each unit of work covers).
+
+Weight transform: Linear-1 `l1 [E, 2I, H]` (gate rows, then up rows) becomes `[E, 2I, H]` with gate
+and up interleaved in blocks of `block_n1` rows (gate block 0, up block 0, gate block 1, ...), so one
+Linear-1 task reads one contiguous `2*block_n1`-row slab and applies SwiGLU in its epilogue.
+Linear-2 `l2 [E, H, I]` keeps its layout (rows are output columns, K-contiguous).
+
+Routing layout: the rows this rank receives are sorted by local expert; each expert's rows are
+padded to a multiple of `block_m`; a *unit* is one `block_m` row block of one expert. All shapes are
+fixed by the capacities, so the layout runs without host synchronisation (CUDA-graph friendly).
+
+Example:
+    >>> import torch
+    >>> from xstage.moe.layout import routing_layout
+    >>> idx = torch.tensor([[[0, 1], [1, 2]]])           # 1 rank, 2 tokens, top-2, 4 experts
+    >>> lay = routing_layout(idx, rank=0, num_local_experts=4, block_m=2, rows_cap=8, units_cap=4,
+    ...                      token_stride=2)
+    >>> lay.unit_info[:3].tolist()                       # (expert, first row, rows) per unit
+    [[0, 0, 1, 0], [1, 2, 2, 0], [2, 4, 1, 0]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xstage.errors import InputError
+
+UNIT_COLS = 4  # expert, first padded row, valid rows, unused (keeps rows 16-byte aligned)
+
+
+def transform_weights(l1: torch.Tensor, l2: torch.Tensor, block_n1: int):
+    """`(l1 [E, 2I, H], l2 [E, H, I])` -> the fused kernel's layout (gate/up interleaved by block)."""
+    if l1.dim() != 3 or l2.dim() != 3:
+        raise InputError(f"l1, l2: expected 3-d [E, 2I, H] and [E, H, I], got {tuple(l1.shape)}, {tuple(l2.shape)}")
+    e, two_i, h = l1.shape
+    if two_i % 2 or l2.shape != (e, h, two_i // 2):
+        raise InputError(f"l2: expected shape {(e, h, two_i // 2)} to match l1 {tuple(l1.shape)}")
+    inter = two_i // 2
+    if inter % block_n1:
+        raise InputError(f"intermediate size {inter}: must be a multiple of block_n1={block_n1}")
+    nb = inter // block_n1
+    gate = l1[:, :inter].reshape(e, nb, 1, block_n1, h)
+    up = l1[:, inter:].reshape(e, nb, 1, block_n1, h)
+    return torch.cat([gate, up], dim=2).reshape(e, two_i, h).contiguous(), l2.contiguous()
+
+
+def untransform_l1(l1t: torch.Tensor, block_n1: int) -> torch.Tensor:
+    """Inverse of the Linear-1 part of `transform_weights`."""
+    e, two_i, h = l1t.shape
+    inter = two_i // 2
+    v = l1t.reshape(e, inter // block_n1, 2, block_n1, h)
+    return torch.cat([v[:, :, 0].reshape(e, inter, h), v[:, :, 1].reshape(e, inter, h)], dim=1)
+
+
+@dataclass
+class RoutingLayout:
+    """Device tensors describing the rows this rank computes.
+
+    unit_info: [units_cap, 4] int32 (local expert, first padded row, valid rows, 0); unused units have 0 rows.
+    row_src:   [rows_cap] int32, `source_rank * token_stride + token` of each padded row (-1: padding).
+    row_slot:  [rows_cap] int32, top-k slot of each row.
+    counts:    [num_local_experts] int64 rows per local expert.
+    num_units: device scalar, units in use.
+    """
+
+    unit_info: torch.Tensor
+    row_src: torch.Tensor
+    row_slot: torch.Tensor
+    counts: torch.Tensor
+    num_units: torch.Tensor
+
+
+def routing_layout(all_topk_idx, rank, num_local_experts, block_m, rows_cap, units_cap, token_stride):
+    """Layout of the rows rank `rank` receives, from every rank's routing `all_topk_idx [R, T, K]`."""
+    R, T, K = all_topk_idx.shape
+    dev = all_topk_idx.device
+    flat = all_topk_idx.reshape(-1).long()
+    owner = flat // num_local_experts
+    key = torch.where(owner == rank, flat % num_local_experts, torch.full_like(flat, num_local_experts))
+    order = torch.argsort(key, stable=True)
+    counts_all = torch.bincount(key, minlength=num_local_experts + 1)
+    counts = counts_all[:num_local_experts]
+    start = torch.cumsum(counts_all, 0) - counts_all
+    n_units = (counts + block_m - 1) // block_m
+    pstart = (torch.cumsum(n_units, 0) - n_units) * block_m
+    sk = key[order]
+    pos = torch.arange(order.numel(), device=dev)
+    valid = sk < num_local_experts
+    skc = sk.clamp(max=num_local_experts - 1)
+    dest = torch.where(valid, pstart[skc] + pos - start[sk], torch.full_like(pos, rows_cap))
+    dest = dest.clamp(max=rows_cap)
+    src_token = order // K
+    s, t = src_token // T, src_token % T
+    row_src = torch.full((rows_cap + 1,), -1, dtype=torch.int32, device=dev)
+    row_slot = torch.zeros(rows_cap + 1, dtype=torch.int32, device=dev)
+    row_src.scatter_(0, dest, (s * token_stride + t).to(torch.int32))
+    row_slot.scatter_(0, dest, (order % K).to(torch.int32))
+    uend = torch.cumsum(n_units, 0)
+    u = torch.arange(units_cap, device=dev)
+    e = torch.searchsorted(uend, u, right=True)
+    ec = e.clamp(max=num_local_experts - 1)
+    mb = u - (uend[ec] - n_units[ec])
+    rows = torch.where(e < num_local_experts, (counts[ec] - mb * block_m).clamp(0, block_m), torch.zeros_like(u))
+    info = torch.stack([ec, pstart[ec] + mb * block_m, rows, torch.zeros_like(u)], dim=1).to(torch.int32)
+    return RoutingLayout(info.contiguous(), row_src[:rows_cap], row_slot[:rows_cap], counts, uend[-1])
+
+
+def unit_experts(counts, block_m: int) -> list[int]:
+    """Host list: the local expert of each unit, in unit order, from per-expert row counts."""
+    out: list[int] = []
+    for e, c in enumerate(counts):
+        out.extend([e] * (-(-int(c) // block_m)))
+    return out

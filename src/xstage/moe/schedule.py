@@ -1,0 +1,208 @@
+"""Schedule tables: the task order of the fused MoE kernel as plain data.
+
+Problem: one persistent kernel runs three kinds of tasks over *units* (one `block_m` row block of
+one local expert): DISPATCH (pull the unit's token rows from their source ranks), LINEAR1 (one
+`block_n1` slab of gate/up columns + SwiGLU) and LINEAR2 (one `block_n2` slab of output columns,
+whose epilogue pushes rows to the tokens' source ranks: the remote-store bursts). Where the LINEAR2
+tasks sit between compute decides how the stores drain (burst-gap.md).
+
+Algorithm: a schedule is a global task list; task g goes to CTA `g % num_ctas` (static round-robin),
+and each CTA runs its tasks in global order. A task waits only on its unit's readiness counter
+(DISPATCH -> 1, every LINEAR1 -> +1), and every dependency appears earlier in the global list, so
+with co-resident CTAs no order can deadlock. Names:
+
+- `expert_wave`: waves of whole experts with >= 2 x num_ctas LINEAR1 tasks each; per wave all
+  DISPATCH+LINEAR1 tasks, then all LINEAR2 tasks (DeepGEMM's Expert-Wave order).
+- `interleaved`: LINEAR1 of wave 0 as warm-up, then LINEAR1 tasks of wave w+1 alternate one for one
+  with LINEAR2 tasks of wave w.
+- `lag:k`: LINEAR1 of units 0..k, then LINEAR2(unit i) followed by LINEAR1(unit i+k+1), so LINEAR2 of
+  unit i runs after LINEAR1 of unit i+k.
+Custom orders register with `register_schedule(name, fn)` (e.g. a model-guided planner).
+
+Example:
+    >>> from xstage.moe.schedule import make_schedule
+    >>> s = make_schedule("lag:1", unit_expert=[0, 0, 1], num_ctas=2, n1=2, n2=1)
+    >>> s.num_tasks, s.cta_start.tolist()
+    (12, [0, 6, 12])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage.errors import InputError
+
+DISPATCH, LINEAR1, LINEAR2 = 0, 1, 2
+KIND_NAMES = ("dispatch", "linear1", "linear2")
+TASK_COLS = 8
+COLUMNS = ("kind", "unit", "n_block", "expert", "m_block", "wait_target", "global_index", "store_rows")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-CTA task lists, concatenated.
+
+    tasks:     [num_tasks, 8] int32, columns `COLUMNS`: kind, unit, n block, local expert, m block
+               (within the expert), readiness value awaited, position in the global order, rows
+               stored (LINEAR2: the unit's valid rows; their bytes are `store_rows * block_n2 * elem`).
+    cta_start: [num_ctas + 1] int32, CTA c runs rows `cta_start[c]:cta_start[c+1]`.
+    """
+
+    name: str
+    num_ctas: int
+    n1: int
+    n2: int
+    num_units: int
+    tasks: np.ndarray
+    cta_start: np.ndarray
+
+    @property
+    def num_tasks(self) -> int:
+        return int(self.tasks.shape[0])
+
+    def global_order(self) -> np.ndarray:
+        """Tasks sorted by their global index: the order a single CTA would run them."""
+        return self.tasks[np.argsort(self.tasks[:, 6], kind="stable")]
+
+    def cta_tasks(self, cta: int) -> np.ndarray:
+        return self.tasks[self.cta_start[cta] : self.cta_start[cta + 1]]
+
+
+Task = tuple[int, int, int]  # kind, unit, n_block
+
+
+def _unit_tasks(kind: int, u: int, n: int) -> list[Task]:
+    return [(kind, u, nb) for nb in range(n)]
+
+
+def _first(u: int, n1: int) -> list[Task]:
+    return [(DISPATCH, u, 0)] + _unit_tasks(LINEAR1, u, n1)
+
+
+def _waves(unit_expert: Sequence[int], n1: int, num_ctas: int) -> list[list[int]]:
+    waves: list[list[int]] = [[]]
+    for u, e in enumerate(unit_expert):
+        boundary = u == 0 or unit_expert[u - 1] != e
+        if boundary and len(waves[-1]) * n1 >= 2 * num_ctas:
+            waves.append([])
+        waves[-1].append(u)
+    return [w for w in waves if w]
+
+
+def _expert_wave(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
+    order: list[Task] = []
+    for wave in _waves(unit_expert, n1, num_ctas):
+        for u in wave:
+            order += _first(u, n1)
+        for u in wave:
+            order += _unit_tasks(LINEAR2, u, n2)
+    return order
+
+
+def _interleaved(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
+    waves = _waves(unit_expert, n1, num_ctas)
+    order: list[Task] = []
+    for u in waves[0]:
+        order += _first(u, n1)
+    for w in range(len(waves)):
+        l1 = [t for u in waves[w + 1] for t in _first(u, n1)] if w + 1 < len(waves) else []
+        l2 = [t for u in waves[w] for t in _unit_tasks(LINEAR2, u, n2)]
+        i = j = 0
+        while i < len(l1) or j < len(l2):
+            # One-for-one, but a dispatch rides along with the LINEAR1 task after it.
+            if i < len(l1):
+                order.append(l1[i])
+                i += 1
+                if order[-1][0] == DISPATCH and i < len(l1):
+                    order.append(l1[i])
+                    i += 1
+            if j < len(l2):
+                order.append(l2[j])
+                j += 1
+    return order
+
+
+def _lag(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
+    k = int(arg)
+    n_units = len(unit_expert)
+    order: list[Task] = []
+    for u in range(min(k + 1, n_units)):
+        order += _first(u, n1)
+    for i in range(n_units):
+        order += _unit_tasks(LINEAR2, i, n2)
+        if i + k + 1 < n_units:
+            order += _first(i + k + 1, n1)
+    return order
+
+
+_REGISTRY: dict[str, Callable] = {"expert_wave": _expert_wave, "interleaved": _interleaved, "lag": _lag}
+
+
+def register_schedule(name: str, fn: Callable) -> None:
+    """Add an order `fn(unit_expert, n1, n2, num_ctas, arg) -> [(kind, unit, n_block), ...]`."""
+    if not name.isidentifier():
+        raise InputError(f"schedule name {name!r}: must be an identifier")
+    _REGISTRY[name] = fn
+
+
+def schedule_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _parse(name: str):
+    base, _, arg = name.partition(":")
+    if base not in _REGISTRY:
+        raise InputError(f"schedule {name!r}: unknown; known: {schedule_names()} (lag takes ':k')")
+    if base == "lag":
+        if not arg.isdigit():
+            raise InputError(f"schedule {name!r}: lag needs a non-negative integer, e.g. 'lag:2'")
+    elif arg:
+        raise InputError(f"schedule {name!r}: {base} takes no argument")
+    return base, arg
+
+
+def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=None) -> Schedule:
+    """The schedule `name` for units whose local experts are `unit_expert` (in unit order).
+
+    `unit_rows` (optional, valid rows per unit) fills the `store_rows` column; `block_m` is used
+    otherwise. Raises `InputError` for unknown names or non-positive sizes.
+    """
+    base, arg = _parse(name)
+    for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)):
+        if int(v) < 1:
+            raise InputError(f"{label}={v}: must be >= 1")
+    unit_expert = [int(e) for e in unit_expert]
+    order = _REGISTRY[base](unit_expert, n1, n2, num_ctas, arg)
+    if len(order) != len(unit_expert) * (1 + n1 + n2) or len(set(order)) != len(order):
+        raise InputError(f"schedule {name!r}: must list every task of every unit exactly once")
+    n_units = len(unit_expert)
+    first_of_expert = {}
+    for u, e in enumerate(unit_expert):
+        first_of_expert.setdefault(e, u)
+    rows = [block_m or 0] * n_units if unit_rows is None else [int(r) for r in unit_rows]
+    table = np.zeros((len(order), TASK_COLS), dtype=np.int32)
+    for g, (kind, u, nb) in enumerate(order):
+        e = unit_expert[u]
+        wait = 0 if kind == DISPATCH else (1 if kind == LINEAR1 else 1 + n1)
+        table[g] = (kind, u, nb, e, u - first_of_expert[e], wait, g, rows[u] if kind == LINEAR2 else 0)
+    _check_order(table, n1)
+    cta = np.arange(len(order)) % num_ctas
+    perm = np.argsort(cta, kind="stable")
+    counts = np.bincount(cta, minlength=num_ctas)
+    start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return Schedule(name, int(num_ctas), int(n1), int(n2), n_units, table[perm].copy(), start)
+
+
+def _check_order(table: np.ndarray, n1: int) -> None:
+    """Every task's dependencies come earlier in the global order (the deadlock-freedom invariant)."""
+    seen: dict[int, int] = {}
+    for kind, u, *_rest in table:
+        have = seen.get(int(u), 0)
+        need = 0 if kind == DISPATCH else (1 if kind == LINEAR1 else 1 + n1)
+        if have < need:
+            raise InputError(f"schedule order: {KIND_NAMES[kind]} of unit {u} comes before its inputs")
+        if kind != LINEAR2:
+            seen[int(u)] = have + 1

@@ -1,0 +1,159 @@
+"""The fused kernel under Triton's interpreter (fp16/fp32, small shapes) against the torch reference."""
+
+import pytest
+import torch
+
+from xstage.errors import CommTimeoutError, InputError
+from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
+from xstage.moe.fused import launch, plan
+from xstage.moe.reference import loopback_inputs, reference_moe_virtual
+
+CFG = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
+TOL = {torch.float16: dict(rtol=2e-2, atol=2e-2), torch.float32: dict(rtol=1e-4, atol=1e-4)}
+SCHEDULES = ["expert_wave", "interleaved", "lag:0", "lag:3"]
+
+
+def _problem(T, E, K, H, I, R, dtype, seed, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=gen).to(dtype)
+    idx = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=gen)
+    l1 = (torch.randn(E // R, 2 * I, H, generator=gen) / H**0.5).to(dtype)
+    l2 = (torch.randn(E // R, H, I, generator=gen) / I**0.5).to(dtype)
+    return x, idx, w, l1, l2
+
+
+def _reference(x, idx, w, l1, l2, R):
+    return reference_moe_virtual(*loopback_inputs(x.double(), idx, w.double(), l1.double(), l2.double(), R),
+                                 dtype=torch.float64)[0]
+
+
+@pytest.mark.parametrize(
+    "T,E,K,H,I,R,path,dtype",
+    [
+        pytest.param(13, 8, 2, 64, 32, 2, "hbm", torch.float16, id="T13-E8-K2-H64-I32-R2-hbm-fp16"),
+        pytest.param(24, 4, 3, 64, 64, 1, "hbm", torch.float32, id="T24-E4-K3-H64-I64-R1-fp32"),
+        pytest.param(9, 16, 4, 96, 32, 4, "host", torch.float16, id="T9-E16-K4-H96-I32-R4-host-fp16"),
+    ],
+)
+def test_fused_matches_reference_and_schedules_are_bitwise_equal(T, E, K, H, I, R, path, dtype):
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, dtype, seed=T * E)
+    buf = MoEBuffer(32, E, K, H, I, LoopbackGroup(R, path=path), device="cpu", dtype=dtype, config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    ref = _reference(x, idx, w, l1, l2, R)
+    outs = {}
+    for s in SCHEDULES:
+        buf.combine.fill_(float("nan"))  # a combine row nobody wrote poisons y
+        if buf.combine_host is not None:
+            buf.combine_host.fill_(float("nan"))
+        outs[s] = fused_moe(x, idx, w, w1t, w2, buf, schedule=s)
+        torch.testing.assert_close(outs[s].double(), ref, **TOL[dtype])
+    for s in SCHEDULES[1:]:
+        assert torch.equal(outs[s], outs[SCHEDULES[0]]), s
+    assert int(buf.sync[1]) == len(SCHEDULES)  # one completed iteration per call
+    assert int(buf.ready.abs().sum()) == 0 and int(buf.sync[0]) == 0 and int(buf.sync[2]) == 0
+
+
+def test_host_path_rows_for_peers_land_in_host_buffer():
+    T, E, K, H, I, R = 8, 4, 2, 64, 32, 2
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=5)
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R, path="host"), device="cpu", dtype=torch.float16, config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    buf.combine.zero_()
+    buf.combine_host.zero_()
+    fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1")
+    remote = (idx // (E // R)) != 0  # slots computed by a "peer": their rows went over the host path
+    for t in range(T):
+        for k in range(K):
+            host_row, dev_row = buf.combine_host[k, t], buf.combine[k, t]
+            assert bool(host_row.abs().sum() > 0) == bool(remote[t, k])
+            assert bool(dev_row.abs().sum() > 0) == bool(~remote[t, k])
+
+
+def test_silent_peer_raises_timeout_not_hang():
+    T, E, K, H, I, R = 4, 4, 2, 64, 32, 2
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=2)
+    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(R, silent_ranks=(1,)), device="cpu", dtype=torch.float16,
+                    config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    with pytest.raises(CommTimeoutError, match=r"rank 0: .*peer 1 .*moe.reduce_waits_combine"):
+        fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved")
+
+
+def test_unmet_dependency_times_out():
+    # The interpreter runs CTA 0 to the end before CTA 1 starts: a LINEAR2 task of CTA 0 whose
+    # LINEAR1 inputs belong to CTA 1 can never be satisfied, so its bounded wait must fire.
+    T, E, K, H, I, R = 8, 2, 1, 64, 64, 1
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=3)
+    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    p = plan(idx, buf, "expert_wave", ctas=2)
+    launch(x, idx, w, w1t, w2, buf, p, torch.empty_like(x))
+    with pytest.raises(CommTimeoutError, match="moe.linear(1_waits_dispatch|2_waits_linear1)"):
+        buf.check()
+
+
+@pytest.fixture(scope="module")
+def small():
+    T, E, K, H, I, R = 4, 4, 2, 64, 32, 2
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=7)
+    buf = MoEBuffer(4, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    return buf, x, idx, w, w1t, w2
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        pytest.param(lambda a: a.update(idx=a["idx"].clone().fill_(4)), r"topk_idx: value 4 out of range", id="idx-high"),
+        pytest.param(lambda a: a.update(idx=a["idx"] - 1), r"topk_idx: value -1 out of range", id="idx-negative"),
+        pytest.param(lambda a: a.update(x=a["x"].float()), r"x: expected dtype", id="x-dtype"),
+        pytest.param(lambda a: a.update(x=a["x"].to("meta")), r"x: expected a tensor on cpu", id="x-device"),
+        pytest.param(lambda a: a.update(x=torch.cat([a["x"], a["x"]], 1)[:, ::2]), r"x: must be contiguous",
+                     id="x-noncontiguous"),
+        pytest.param(lambda a: a.update(x=torch.cat([a["x"]] * 2), idx=torch.cat([a["idx"]] * 2),
+                                        w=torch.cat([a["w"]] * 2)), r"8 tokens exceed .*num_max_tokens_per_rank=4",
+                     id="too-many-tokens"),
+        pytest.param(lambda a: a.update(w=a["w"][:, :1].contiguous()), r"topk_weights: expected shape", id="w-shape"),
+        pytest.param(lambda a: a.update(idx=a["idx"].float()), r"topk_idx: expected dtype", id="idx-dtype"),
+        pytest.param(lambda a: a.update(w1t=a["w1t"][:1]), r"w1t: expected shape", id="w1-shape"),
+    ],
+)
+def test_bad_inputs(small, mutate, match):
+    buf, x, idx, w, w1t, w2 = small
+    args = dict(x=x, idx=idx, w=w, w1t=w1t, w2=w2)
+    mutate(args)
+    with pytest.raises(InputError, match=match):
+        fused_moe(args["x"], args["idx"], args["w"], args["w1t"], args["w2"], buf)
+
+
+def test_bad_schedule_name(small):
+    buf, x, idx, w, w1t, w2 = small
+    with pytest.raises(InputError, match="schedule 'zigzag'"):
+        fused_moe(x, idx, w, w1t, w2, buf, schedule="zigzag")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        pytest.param(dict(num_experts=6, group=LoopbackGroup(4)), "multiple of the group size 4", id="E-vs-R"),
+        pytest.param(dict(topk=9), "topk=9", id="topk"),
+        pytest.param(dict(hidden=40), "hidden=40", id="hidden-block"),
+        pytest.param(dict(num_max_tokens_per_rank=0), "num_max_tokens_per_rank=0", id="zero-tokens"),
+        pytest.param(dict(num_max_tokens_per_rank=10**7, hidden=8192), r"GiB .*over the limit", id="absurd"),
+        pytest.param(dict(group=LoopbackGroup(2, path="nvlink")), "path='nvlink'", id="path"),
+    ],
+)
+def test_buffer_refuses_bad_sizes(kwargs, match):
+    args = dict(num_max_tokens_per_rank=8, num_experts=8, topk=2, hidden=64, intermediate=32,
+                group=LoopbackGroup(2), device="cpu", dtype=torch.float16, config=CFG)
+    args.update(kwargs)
+    with pytest.raises(InputError, match=match):
+        MoEBuffer(**args)
+
+
+def test_buffer_reports_bytes():
+    buf = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16, config=CFG)
+    nb = buf.nbytes()
+    assert nb["combine"] == 2 * 16 * 64 * 2 and nb["combine_host"] == nb["combine"]
+    assert nb["recv"] == buf.rows_cap * 64 * 2 and buf.total_bytes() == sum(nb.values())
