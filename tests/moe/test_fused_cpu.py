@@ -105,7 +105,8 @@ def small():
 @pytest.mark.parametrize(
     "mutate,match",
     [
-        pytest.param(lambda a: a.update(idx=a["idx"].clone().fill_(4)), r"topk_idx: value 4 out of range", id="idx-high"),
+        pytest.param(lambda a: a.update(idx=a["idx"].clone().fill_(4)), r"topk_idx: value 4 out of range",
+                     id="idx-high"),
         pytest.param(lambda a: a.update(idx=a["idx"] - 1), r"topk_idx: value -1 out of range", id="idx-negative"),
         pytest.param(lambda a: a.update(x=a["x"].float()), r"x: expected dtype", id="x-dtype"),
         pytest.param(lambda a: a.update(x=a["x"].to("meta")), r"x: expected a tensor on cpu", id="x-device"),

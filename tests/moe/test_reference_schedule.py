@@ -106,7 +106,7 @@ def test_schedule_covers_tasks_and_respects_dependencies(name, ctas):
         g = s.cta_tasks(c)[:, 6]
         assert np.all(np.diff(g) > 0) and np.all(g % ctas == c)
     done = {}
-    for kind, u, nb, e, mb, wait, g, rows in s.global_order():
+    for kind, u, _nb, e, _mb, wait, _g, rows in s.global_order():
         assert e == UNITS[u] and wait == {DISPATCH: 0, LINEAR1: 1, LINEAR2: 1 + n1}[kind]
         assert done.get(u, 0) >= wait
         assert rows == ([4, 1, 4, 4, 4, 2, 3, 4][u] if kind == LINEAR2 else 0)
