@@ -185,33 +185,28 @@ class MoEBuffer:
             self._allocate_symmetric(elem)
 
     def _allocate_symmetric(self, elem: int) -> None:
-        import torch.distributed._symmetric_memory as symm_mem
+        from xstage.comm import create_context
 
         R, dev = self.R, self.device
-        n_x, n_c = self.T_max * self.H, self.K * self.T_max * self.H
-        n_sig = 2 * R + 8  # int32 words, padded to 16 bytes
-        n_bytes = (n_x + n_c) * elem + n_sig * 4
-        raw = symm_mem.empty(n_bytes, dtype=torch.uint8, device=dev)
-        hdl = symm_mem.rendezvous(raw, self.group.group_name)
-        self._symm, self._hdl = raw, hdl
-        self.x_buf = raw[: n_x * elem].view(self.dtype).view(self.T_max, self.H)
-        self.combine = raw[n_x * elem : (n_x + n_c) * elem].view(self.dtype).view(self.K, self.T_max, self.H)
-        self.sig = raw[(n_x + n_c) * elem :].view(torch.int32)
-        self.sig.zero_()
-        base = hdl.buffer_ptrs
-        delta_bytes = [base[r] - base[self.rank] for r in range(R)]
-        self.x_delta = torch.tensor([d // elem for d in delta_bytes], dtype=torch.int64, device=dev)
-        self.comb_delta = self.x_delta.clone()
-        self.sig_delta = torch.tensor([d // 4 for d in delta_bytes], dtype=torch.int64, device=dev)
+        self.ctx = create_context(self.group, path="peer", device=dev)
+        x = self.ctx.alloc("moe_x", (self.T_max, self.H), self.dtype)
+        idx = self.ctx.alloc("moe_topk_idx", (self.T_max, self.K), torch.int64)
+        comb = self.ctx.alloc("moe_combine", (self.K, self.T_max, self.H), self.dtype)
+        sig = self.ctx.alloc("moe_signals", (3 * R + 1,), torch.int32)
+        self.x_buf, self.combine, self.sig = x.local, comb.local, sig.local
+        self.idx_buf, self.idx_peers = idx.local, idx.peers
+        self.err = self.ctx.error
+        self.x_delta = ((x.ptrs - x.ptrs[self.rank]) // elem).contiguous()
+        self.comb_delta = ((comb.ptrs - comb.ptrs[self.rank]) // elem).contiguous()
+        self.sig_delta = ((sig.ptrs - sig.ptrs[self.rank]) // 4).contiguous()
         self.read_delta = torch.zeros(R, dtype=torch.int64, device=dev)
-        torch.cuda.synchronize(dev)
-        hdl.barrier()
+        self.combine_host = None
+        self.ctx.barrier()
 
     def barrier(self) -> None:
         """Host-side barrier of the group (inputs written before peers pull them)."""
         if not self.loopback:
-            torch.cuda.synchronize(self.device)
-            self._hdl.barrier()
+            self.ctx.barrier()
 
     def check(self) -> None:
         """Raise `CommTimeoutError` if a device wait of this rank timed out (synchronises)."""

@@ -85,13 +85,8 @@ def _all_topk(topk_idx: torch.Tensor, buf: MoEBuffer) -> torch.Tensor:
     if buf.loopback:
         shifts = torch.arange(buf.R, device=idx.device)[:, None, None] * buf.E_local
         return (idx[None] + shifts) % buf.E
-    import torch.distributed as dist
-
-    padded = torch.full((buf.T_max, buf.K), -1, dtype=torch.int64, device=idx.device)
-    padded[: idx.shape[0]] = idx
-    out = [torch.empty_like(padded) for _ in range(buf.R)]
-    dist.all_gather(out, padded, group=buf.group)
-    return torch.stack(out)
+    # Every rank copied its routing into its symmetric buffer before the barrier in `fused_moe`.
+    return torch.stack([p for p in buf.idx_peers]).to(idx.device)
 
 
 def num_ctas(buf: MoEBuffer) -> int:
@@ -137,6 +132,9 @@ def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tens
     c = buf.cfg
     use_ptx = buf.device.type == "cuda" and not _INTERPRET
     max_spins = 2**31 - 1 if use_ptx else 2000
+    if not use_ptx:
+        # No timer in the interpreter: the bound is a poll count (64 ns per poll in the comm helper).
+        timeout_ns = 2000 * 64 if buf.loopback else 2**26
     x_src = x if buf.loopback else buf.x_buf
     common = dict(num_warps=c.num_warps) if not _INTERPRET else {}
     kernels.moe_main_kernel[(p.schedule.num_ctas,)](
@@ -171,6 +169,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
     if not buf.loopback:
         buf.x_buf[: x.shape[0]].copy_(x)
+        buf.idx_buf.fill_(-1)
+        buf.idx_buf[: x.shape[0]].copy_(topk_idx)
         buf.barrier()
     p = plan(topk_idx, buf, schedule)
     y = torch.empty_like(x)

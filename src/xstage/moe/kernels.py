@@ -12,7 +12,8 @@ The last CTA to finish raises this rank's completion count on every peer (releas
 `moe_reduce_kernel` waits for every peer's completion, forms `y[t] = sum_k w[t,k] combine[k,t]`,
 resets the readiness counters and tells the peers that its combine buffer may be reused.
 
-Every wait is bounded: `timeout_ns` of `%globaltimer` with `USE_PTX`, else `max_spins` polls. A
+Every wait is bounded: `timeout_ns` of `%globaltimer` with `USE_PTX`, else a poll count (cross-rank
+waits use `xstage.comm.device.wait_acquire`; the local readiness waits use `wait_geq`, GPU scope). A
 timeout writes `stage << 16 | peer` into the error word (first one wins) and the kernel carries on,
 so the host raises `CommTimeoutError` instead of hanging.
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from xstage.comm.device import wait_acquire
 
 
 @triton.jit
@@ -139,8 +142,7 @@ def moe_main_kernel(
     if WAIT:
         # Peers must have reduced the previous layer before their combine buffers are refilled.
         for q in range(num_ranks):
-            wait_geq(p_sig + num_ranks + q, it, p_err, STAGE_FREE * 65536 + q, timeout_ns, max_spins,
-                     "sys", USE_PTX)
+            wait_acquire(p_sig + num_ranks + q, it, timeout_ns, p_err, STAGE_FREE * 65536 + q, True, USE_PTX)
     n1 = I // BN1
     t_begin = tl.load(p_cta_start + i_c)
     t_end = tl.load(p_cta_start + i_c + 1)
@@ -189,7 +191,7 @@ def moe_reduce_kernel(
     it = tl.load(p_sync + 1)
     if WAIT:
         for q in range(num_ranks):
-            wait_geq(p_sig + q, it + 1, p_err, STAGE_DONE * 65536 + q, timeout_ns, max_spins, "sys", USE_PTX)
+            wait_acquire(p_sig + q, it + 1, timeout_ns, p_err, STAGE_DONE * 65536 + q, True, USE_PTX)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = tl.arange(0, KP)

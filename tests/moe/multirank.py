@@ -1,0 +1,78 @@
+"""One rank of a multi-process fused MoE run (gloo group, comm `peer` path), shared by the tests."""
+
+import os
+
+import torch
+
+SCHEDULES = ("expert_wave", "lag:1")
+
+
+def _problem(rank, world, T, E, K, H, I, dtype, device):
+    gen = torch.Generator().manual_seed(1234)
+    l1_all = torch.randn(E, 2 * I, H, generator=gen) / H**0.5
+    l2_all = torch.randn(E, H, I, generator=gen) / I**0.5
+    gen_r = torch.Generator().manual_seed(rank + 1)
+    x = torch.randn(T, H, generator=gen_r)
+    idx = torch.stack([torch.randperm(E, generator=gen_r)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=gen_r)
+    el = E // world
+    l1, l2 = l1_all[rank * el:(rank + 1) * el], l2_all[rank * el:(rank + 1) * el]
+    to = dict(device=device)
+    return (x.to(dtype).to(**to), idx.to(**to), w.to(**to), l1.to(dtype).to(**to), l2.to(dtype).to(**to))
+
+
+def moe_worker(rank, world, init_file, shape, dtype_name, result_file):
+    """Run every schedule of `SCHEDULES` twice on this rank and compare with `reference_moe_dist`."""
+    import torch.distributed as dist
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from xstage.moe import BlockConfig, MoEBuffer, fused_moe, reference_moe_dist, transform_weights
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = getattr(torch, dtype_name)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    msg = "not run"
+    try:
+        T, E, K, H, I = shape
+        cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32, num_warps=4,
+                          num_stages=2)
+        x, idx, w, l1, l2 = _problem(rank, world, T + rank, E, K, H, I, dtype, device)
+        buf = MoEBuffer(T + world, E, K, H, I, dist.group.WORLD, device=device, dtype=dtype, config=cfg)
+        w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+        ref = reference_moe_dist(x.double().cpu(), idx.cpu(), w.double().cpu(), l1.double().cpu(),
+                                 l2.double().cpu(), dtype=torch.float64)
+        outs = []
+        for s in SCHEDULES + SCHEDULES:
+            buf.combine.fill_(float("nan"))
+            buf.barrier()
+            outs.append(fused_moe(x, idx, w, w1t, w2, buf, schedule=s).cpu())
+            buf.barrier()
+        tol = 2e-2 if dtype != torch.float32 else 1e-4
+        err = max(float((o.double() - ref).abs().max()) for o in outs)
+        same = all(torch.equal(o, outs[0]) for o in outs)
+        msg = "ok" if err <= tol * max(1.0, float(ref.abs().max())) and same else f"bad: err={err} same={same}"
+        buf.ctx.close()
+    except Exception as exc:  # reported to the parent test through the result file
+        msg = f"error: {type(exc).__name__}: {exc}"
+    finally:
+        with open(f"{result_file}.{rank}", "w") as f:
+            f.write(msg)
+        dist.destroy_process_group()
+
+
+def run_ranks(tmp_path, world, shape, dtype_name, timeout_s=240):
+    import multiprocessing as mp
+
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    spawn = mp.get_context("spawn")
+    result = str(tmp_path / "result")
+    procs = [spawn.Process(target=moe_worker, args=(r, world, str(tmp_path / "store"), shape, dtype_name, result))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return [open(f"{result}.{r}").read() if os.path.exists(f"{result}.{r}") else "no result" for r in range(world)]

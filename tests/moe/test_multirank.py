@@ -1,0 +1,20 @@
+"""Several ranks in separate processes (gloo group, comm `peer` path) against `reference_moe_dist`.
+
+On CPU the kernels run in the interpreter and the peers' buffers are shared-memory files; on one GPU
+the ranks share cuda:0 through symmetric memory (timings there are meaningless, correctness is not).
+"""
+
+import pytest
+
+from tests.moe.multirank import run_ranks
+
+
+@pytest.mark.slow
+def test_two_ranks_cpu_fp16(tmp_path):
+    assert run_ranks(tmp_path, 2, (6, 4, 2, 64, 32), "float16") == ["ok", "ok"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_share_one_gpu_bf16(tmp_path, world):
+    assert run_ranks(tmp_path, world, (40, 8, 2, 256, 128), "bfloat16") == ["ok"] * world
