@@ -1,0 +1,12 @@
+"""`xstage.sched`: persistent kernels' work as task graphs, their simulation through the Burst-Gap
+model, and the planner that picks a schedule.
+
+- `Task`, `KernelWork` (`work.py`): per-CTA ordered tasks with compute cost, stores per destination,
+  dependencies.
+- `simulate_kernel(work, paths)` (`simulate.py`): predicted kernel time, per-CTA timelines, breakdown.
+"""
+
+from xstage.sched.simulate import Segment, SimResult, simulate_kernel
+from xstage.sched.work import KernelWork, Task
+
+__all__ = ["KernelWork", "Segment", "SimResult", "Task", "simulate_kernel"]

@@ -1,0 +1,186 @@
+"""Discrete-event simulation of a persistent kernel: CTAs run their task lists, stores go through
+the Burst-Gap path simulator, waits honour dependencies.
+
+Each CTA is one issuer on its SM (persistent kernels here run one CTA per SM). A task waits for its
+dependencies, computes for `compute_ns`, then issues its stores destination by destination; every
+path-bound burst goes through that path's `xstage.model.PathSimulator`, shared by all CTAs, so
+concurrent bursts fill the per-SM and shared windows together and later bursts stall. A task is
+finished when its last store has issued (sender-visible); consumers of its output may start then.
+
+The result gives the predicted kernel time (last CTA done), per-CTA timelines (compute, issue,
+stall, wait segments) and the breakdown summed over CTAs. `issue` is what the stores would cost on
+an empty path (backpressure-free); `stall` is the rest of the measured-by-model issue time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from xstage.errors import InputError
+from xstage.model import closed_form
+from xstage.model.params import PathParams
+from xstage.model.simulate import PathSimulator
+from xstage.sched.work import KernelWork, Task
+
+KINDS = ("compute", "issue", "stall", "wait")
+
+
+@dataclass(frozen=True)
+class Segment:
+    cta: int
+    kind: str  # one of KINDS
+    start_ns: float
+    end_ns: float
+    task: str
+
+    @property
+    def duration_ns(self) -> float:
+        return self.end_ns - self.start_ns
+
+
+@dataclass
+class SimResult:
+    time_ns: float
+    segments: list[Segment]
+    task_end_ns: dict[str, float]
+    backlog: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def breakdown(self) -> dict[str, float]:
+        """Total ns per segment kind, summed over CTAs."""
+        out = dict.fromkeys(KINDS, 0.0)
+        for s in self.segments:
+            out[s.kind] += s.duration_ns
+        return out
+
+    def cta_end_ns(self) -> dict[int, float]:
+        end: dict[int, float] = defaultdict(float)
+        for s in self.segments:
+            end[s.cta] = max(end[s.cta], s.end_ns)
+        return dict(end)
+
+
+def _free_issue_ns(params: PathParams, nbytes: int) -> float:
+    return closed_form.issue_time(params.replace(c_sm=math.inf, capacity=math.inf), nbytes)
+
+
+class _Cta:
+    __slots__ = ("index", "tasks", "pos", "pending_stores", "issue_started", "task_ready")
+
+    def __init__(self, index: int, tasks):
+        self.index = index
+        self.tasks: list[Task] = list(tasks)
+        self.pos = 0
+        self.pending_stores: list[tuple[str, int]] = []
+        self.issue_started = 0.0
+        self.task_ready = 0.0
+
+    @property
+    def task(self) -> Task | None:
+        return self.tasks[self.pos] if self.pos < len(self.tasks) else None
+
+
+def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_backlog: bool = False) -> SimResult:
+    """Predict the kernel time of `work` with the store paths `paths` (path name -> parameters).
+
+    `trace_backlog` records each path's backlog (bytes outstanding) at every path event.
+    """
+    missing = [p for p in work.paths() if p not in paths]
+    if missing:
+        raise InputError(f"paths: no parameters for store path(s) {missing}")
+    n = len(work.ctas)
+    sims = {name: PathSimulator(paths[name], n) for name in work.paths()}
+    ctas = [_Cta(i, tasks) for i, tasks in enumerate(work.ctas)]
+    segments: list[Segment] = []
+    task_end: dict[str, float] = {}
+    waiting: dict[str, list[_Cta]] = defaultdict(list)
+    compute_done: list[tuple[float, int]] = []  # heap of (time, cta)
+    issuing: dict[tuple[str, int], _Cta] = {}
+    backlog: dict[str, list[tuple[float, float]]] = {name: [] for name in sims} if trace_backlog else {}
+
+    def trace(path: str, now: float) -> None:
+        if trace_backlog:
+            backlog[path].append((now, float(sims[path].backlog())))
+
+    def try_start(cta: _Cta, now: float) -> None:
+        task = cta.task
+        if task is None:
+            return
+        for dep in task.deps:
+            if dep not in task_end:
+                waiting[dep].append(cta)
+                return
+        start = max([now] + [task_end[d] for d in task.deps])
+        if start > cta.task_ready:
+            segments.append(Segment(cta.index, "wait", cta.task_ready, start, task.name))
+        end = start + task.compute_ns
+        if task.compute_ns > 0:
+            segments.append(Segment(cta.index, "compute", start, end, task.name))
+        heapq.heappush(compute_done, (end, cta.index))
+
+    def finish_task(cta: _Cta, now: float) -> None:
+        task = cta.task
+        task_end[task.name] = now
+        cta.pos += 1
+        cta.task_ready = now
+        try_start(cta, now)
+        for other in waiting.pop(task.name, []):
+            try_start(other, now)
+
+    def next_store(cta: _Cta, now: float) -> None:
+        while cta.pending_stores:
+            path, nbytes = cta.pending_stores.pop(0)
+            if nbytes > 0:
+                cta.issue_started = now
+                sims[path].start_burst(cta.index, now, nbytes)
+                trace(path, now)
+                issuing[(path, cta.index)] = cta
+                cta.pending_stores.insert(0, (path, nbytes))
+                return
+        finish_task(cta, now)
+
+    def store_issued(path: str, cta: _Cta, now: float) -> None:
+        _, nbytes = cta.pending_stores.pop(0)
+        free = _free_issue_ns(paths[path], nbytes)
+        start = cta.issue_started
+        split = min(now, start + free)
+        segments.append(Segment(cta.index, "issue", start, split, cta.task.name))
+        if now > split:
+            segments.append(Segment(cta.index, "stall", split, now, cta.task.name))
+        next_store(cta, now)
+
+    for cta in ctas:
+        try_start(cta, 0.0)
+
+    while True:
+        t_compute = compute_done[0][0] if compute_done else math.inf
+        t_path, path_next = math.inf, None
+        for name, sim in sims.items():
+            t = sim.next_event_time()
+            if t < t_path:
+                t_path, path_next = t, name
+        if math.isinf(t_compute) and math.isinf(t_path):
+            break
+        if t_path <= t_compute:
+            for sm, t_end in sims[path_next].advance(t_path):
+                store_issued(path_next, issuing.pop((path_next, sm)), t_end)
+            trace(path_next, t_path)
+            continue
+        now, i = heapq.heappop(compute_done)
+        cta = ctas[i]
+        cta.pending_stores = [
+            (work.dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in work.dest_path
+        ]
+        next_store(cta, now)
+
+    stuck = [c.task.name for c in ctas if c.task is not None]
+    if stuck:
+        raise InputError(
+            f"work cannot finish: tasks {stuck[:5]} wait on dependencies that never complete "
+            "(a cycle, or a dependency ordered later on the same CTA)"
+        )
+    time_ns = max(task_end.values(), default=0.0)
+    return SimResult(time_ns, segments, task_end, backlog)

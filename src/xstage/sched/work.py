@@ -1,0 +1,77 @@
+"""The work of a persistent kernel as data: per CTA an ordered list of tasks.
+
+A `Task` computes for `compute_ns`, then (in its epilogue) issues remote stores: `stores` maps a
+destination to bytes. It may start only after every task in `deps` has finished (its stores issued:
+the producer's epilogue writes are what the consumer reads). Destinations map to store paths through
+`KernelWork.dest_path`: a destination without a path (the local rank) costs no store time.
+
+Example (two CTAs, the second waits for the first's task):
+
+    work = KernelWork(
+        ctas=[[Task("l1.0", 1000.0)], [Task("l2.0", 800.0, stores={1: 65536}, deps=("l1.0",))]],
+        dest_path={1: "host"},
+    )
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from xstage.errors import InputError
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    compute_ns: float
+    stores: Mapping[int, int] = field(default_factory=dict)
+    deps: tuple[str, ...] = ()
+    kind: str = ""
+
+    def __post_init__(self):
+        if not self.compute_ns >= 0:
+            raise InputError(f"task {self.name}: compute_ns must be >= 0, got {self.compute_ns}")
+        for dest, nbytes in self.stores.items():
+            if nbytes < 0:
+                raise InputError(f"task {self.name}: stores[{dest}] must be >= 0 bytes, got {nbytes}")
+
+    @property
+    def store_bytes(self) -> int:
+        return int(sum(self.stores.values()))
+
+
+@dataclass
+class KernelWork:
+    """Per-CTA task lists; CTA i runs on SM `cta_sm[i]` (default: one CTA per SM)."""
+
+    ctas: Sequence[Sequence[Task]]
+    dest_path: Mapping[int, str] = field(default_factory=dict)
+    cta_sm: Sequence[int] | None = None
+
+    def __post_init__(self):
+        if not self.ctas:
+            raise InputError("work.ctas: at least one CTA is needed")
+        if self.cta_sm is None:
+            self.cta_sm = list(range(len(self.ctas)))
+        if len(self.cta_sm) != len(self.ctas):
+            raise InputError(f"work.cta_sm: {len(self.cta_sm)} entries for {len(self.ctas)} CTAs")
+        names = [t.name for cta in self.ctas for t in cta]
+        if len(set(names)) != len(names):
+            raise InputError("work: task names must be unique")
+        known = set(names)
+        for cta in self.ctas:
+            for t in cta:
+                missing = [d for d in t.deps if d not in known]
+                if missing:
+                    raise InputError(f"task {t.name}: unknown dependencies {missing}")
+
+    @property
+    def n_tasks(self) -> int:
+        return sum(len(c) for c in self.ctas)
+
+    def sms(self) -> list[int]:
+        return sorted(set(self.cta_sm))
+
+    def paths(self) -> list[str]:
+        return sorted(set(self.dest_path.values()))
