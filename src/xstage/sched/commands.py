@@ -1,0 +1,68 @@
+"""`xstage plan moe`: predicted time of every candidate schedule, the pick, and a timeline plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from xstage.errors import InputError
+
+
+def _load_path_params(profile_path: str | None):
+    from xstage.model import Profile, load_default_profile
+
+    profile = Profile.load(profile_path) if profile_path else load_default_profile()
+    return profile, profile.params
+
+
+def run_plan_moe(args) -> int:
+    from xstage.bench.report import markdown_table
+    from xstage.cli import emit
+    from xstage.sched.costs import TaskCosts, load_default_costs
+    from xstage.sched.moe import MoeConfig
+    from xstage.sched.plan import DEFAULT_CANDIDATES, plan_moe
+    from xstage.sched.timeline import plot_timeline
+
+    profile, params = _load_path_params(args.profile)
+    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("moe")
+    cfg = MoeConfig.parse(args.config, tokens_per_rank=args.tokens, ep=args.ep)
+    candidates = args.candidates.split(",") if args.candidates else list(DEFAULT_CANDIDATES)
+    block_ms = [int(b) for b in args.block_m.split(",")] if args.block_m else None
+    if args.ctas < 1:
+        raise InputError(f"--ctas {args.ctas}: must be >= 1")
+    rows = plan_moe(cfg, params, costs, args.ctas, candidates=candidates, block_ms=block_ms, seed=args.seed)
+    table = [
+        {"schedule": r.schedule, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
+         "vs_best": r.time_ns / rows[0].time_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / args.ctas,
+         "wait_us_per_cta": r.breakdown["wait"] / 1e3 / args.ctas}
+        for r in rows
+    ]
+    plot = None
+    if args.plot:
+        plot = plot_timeline(rows[0].result, Path(args.plot),
+                             title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: {rows[0].schedule} (predicted)")
+    text = (f"{cfg.shape}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {args.ctas} CTAs, "
+            f"profile {profile.describe() if hasattr(profile, 'describe') else args.profile or 'default'}\n"
+            + markdown_table(table, list(table[0]), floatfmt=".4g")
+            + f"\npick: {rows[0].schedule} (block_m {rows[0].block_m})" + (f"\ntimeline: {plot}" if plot else ""))
+    emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "rows": table,
+          "pick": rows[0].schedule, "plot": str(plot) if plot else None}, args.json, text)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
+    kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
+    m = kinds.add_parser("moe", help="plan the fused MoE kernel's schedule")
+    m.add_argument("--config", required=True, help="shape, e.g. H4096/I2048/E256/top6")
+    m.add_argument("--tokens", type=int, required=True, help="tokens per rank")
+    m.add_argument("--ep", type=int, required=True, help="expert-parallel group size")
+    m.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
+    m.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
+    m.add_argument("--ctas", type=int, default=132, help="persistent CTAs (default 132, one per H200 SM)")
+    m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:0..8)")
+    m.add_argument("--block-m", help="comma-separated BLOCK_M values to try (default 128)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing")
+    m.add_argument("--plot", help="write the best candidate's timeline PNG here")
+    m.add_argument("--json", action="store_true", help="print JSON")
+    m.set_defaults(handler=run_plan_moe)
+    p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

@@ -1,0 +1,91 @@
+"""Task costs of persistent kernels, measured on the GPU and stored beside the path profile.
+
+A tile's compute time is modelled per task kind as `overhead_ns + work / rate` (one CTA on one SM;
+work is FLOPs for GEMM tiles and bytes for copy tasks such as dispatch), fitted to in-kernel timings
+of the kernel's own tiles (`xstage.sched.calibrate`). The JSON keeps the fitted pairs per kind, the
+data they came from and provenance, so a planner on a machine without a GPU uses measured costs,
+never guessed ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from xstage.errors import InputError
+
+
+@dataclass(frozen=True)
+class KindCost:
+    overhead_ns: float
+    rate: float
+
+    def __post_init__(self):
+        if not (self.overhead_ns >= 0 and math.isfinite(self.overhead_ns)):
+            raise InputError(f"overhead_ns must be finite and >= 0, got {self.overhead_ns!r}")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise InputError(f"rate must be finite and > 0, got {self.rate!r}")
+
+    def time_ns(self, work: float) -> float:
+        return self.overhead_ns + work / self.rate
+
+
+@dataclass(frozen=True)
+class TaskCosts:
+    """Measured per-kind tile costs of one kernel (e.g. MoE `dispatch`, `linear1`, `linear2`)."""
+
+    kernel: str
+    kinds: dict[str, KindCost]
+    provenance: dict = field(default_factory=dict)
+    quality: dict = field(default_factory=dict)
+
+    def cost(self, kind: str) -> KindCost:
+        if kind not in self.kinds:
+            raise InputError(f"task costs of {self.kernel}: no kind {kind!r}; have {sorted(self.kinds)}")
+        return self.kinds[kind]
+
+    def to_dict(self) -> dict:
+        return {
+            "kernel": self.kernel,
+            "kinds": {k: {"overhead_ns": c.overhead_ns, "rate": c.rate} for k, c in self.kinds.items()},
+            "provenance": self.provenance,
+            "quality": self.quality,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "task costs") -> TaskCosts:
+        try:
+            kinds = {k: KindCost(float(v["overhead_ns"]), float(v["rate"])) for k, v in d["kinds"].items()}
+            return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"{source}: malformed task costs ({type(exc).__name__}: {exc})") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TaskCosts:
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise InputError(f"task costs file {path}: does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise InputError(f"task costs file {path}: not valid JSON ({exc})") from None
+        return cls.from_dict(d, str(path))
+
+
+def load_default_costs(kernel: str = "moe") -> TaskCosts:
+    """The embedded H200 task costs of `kernel` (measured; see `xstage/data/README`)."""
+    name = f"h200-{kernel}-task-costs.json"
+    ref = resources.files("xstage.data").joinpath(name)
+    if not ref.is_file():
+        raise InputError(f"no embedded task costs for kernel {kernel!r} ({name}); run `xstage plan calibrate`")
+    return TaskCosts.from_dict(json.loads(ref.read_text()), name)

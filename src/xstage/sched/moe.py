@@ -1,0 +1,131 @@
+"""The fused MoE kernel's schedules as `KernelWork`: tasks, tile costs and combine stores.
+
+A MoE configuration (shape, tokens per rank, EP size, block sizes) and a schedule name give the
+kernel's schedule table (`xstage.moe.schedule.make_schedule`, the same table the kernel runs); each
+row becomes a `Task` whose compute time comes from measured tile costs (`TaskCosts`) and whose
+LINEAR2 epilogue stores the unit's output rows: the share owned by other ranks goes through the
+`remote` store path, the own rank's share is local.
+
+Routing for planning is synthetic: every token of every rank picks `topk` experts uniformly, so a
+local expert's row count is Binomial(tokens x EP, topk / experts) (seeded).
+
+Example:
+    cfg = MoeConfig.parse("H4096/I2048/E256/top6", tokens_per_rank=4096, ep=8)
+    work = moe_work(cfg, "lag:2", load_default_costs("moe"), num_ctas=132)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from xstage.errors import InputError
+from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
+from xstage.sched.costs import TaskCosts
+from xstage.sched.work import KernelWork, Task
+
+REMOTE = 1  # destination id of "other ranks" in MoE work; the local rank (0) has no store path
+
+_SHAPE = re.compile(r"^H(\d+)/I(\d+)/E(\d+)/top-?(\d+)$")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    hidden: int
+    intermediate: int
+    num_experts: int
+    topk: int
+    tokens_per_rank: int
+    ep: int
+    block_m: int = 128
+    block_n1: int = 128
+    block_n2: int = 256
+    elem_bytes: int = 2
+
+    def __post_init__(self):
+        for name in ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep", "block_m",
+                     "block_n1", "block_n2", "elem_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise InputError(f"MoE config {name}={v!r}: must be a positive integer")
+        if self.num_experts % self.ep:
+            raise InputError(f"num_experts={self.num_experts}: must be a multiple of ep={self.ep}")
+        if self.topk > self.num_experts:
+            raise InputError(f"topk={self.topk}: must be <= num_experts={self.num_experts}")
+        if self.intermediate % self.block_n1:
+            raise InputError(f"intermediate={self.intermediate}: must be a multiple of block_n1={self.block_n1}")
+
+    @classmethod
+    def parse(cls, shape: str, **kw) -> MoeConfig:
+        """`"H4096/I2048/E256/top6"` plus keyword fields (tokens_per_rank, ep, block sizes)."""
+        m = _SHAPE.match(shape.strip())
+        if not m:
+            raise InputError(f"--config {shape!r}: expected H<hidden>/I<intermediate>/E<experts>/top<k>")
+        h, i, e, k = (int(g) for g in m.groups())
+        return cls(hidden=h, intermediate=i, num_experts=e, topk=k, **kw)
+
+    @property
+    def shape(self) -> str:
+        return f"H{self.hidden}/I{self.intermediate}/E{self.num_experts}/top{self.topk}"
+
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.ep
+
+    def with_blocks(self, **blocks) -> MoeConfig:
+        return replace(self, **blocks)
+
+
+def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(local expert, valid rows) of each unit of rank 0 under uniform synthetic routing."""
+    rng = np.random.default_rng(seed)
+    counts = rng.binomial(cfg.tokens_per_rank * cfg.ep, cfg.topk / cfg.num_experts, size=cfg.local_experts)
+    experts, rows = [], []
+    for e, c in enumerate(counts.tolist()):
+        for i in range(-(-c // cfg.block_m)):
+            experts.append(e)
+            rows.append(min(cfg.block_m, c - i * cfg.block_m))
+    return experts, rows
+
+
+def task_work(cfg: MoeConfig, kind: int) -> float:
+    """Work of one task: FLOPs of a full BLOCK_M tile (tensor cores compute the padded tile), or bytes."""
+    if kind == DISPATCH:
+        return float(cfg.block_m * cfg.hidden * cfg.elem_bytes)
+    if kind == LINEAR1:
+        return 2.0 * cfg.block_m * (2 * cfg.block_n1) * cfg.hidden
+    return 2.0 * cfg.block_m * min(cfg.block_n2, cfg.hidden) * cfg.intermediate
+
+
+def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, seed: int = 0) -> KernelWork:
+    experts, rows = synthetic_units(cfg, seed)
+    if not experts:
+        raise InputError(f"{cfg.shape} at {cfg.tokens_per_rank} tokens: no rows routed to rank 0")
+    n1 = cfg.intermediate // cfg.block_n1
+    n2 = -(-cfg.hidden // cfg.block_n2)
+    table = make_schedule(schedule, experts, num_ctas, n1, n2, unit_rows=rows)
+    kind_time = {k: costs.cost(KIND_NAMES[k]).time_ns(task_work(cfg, k)) for k in (DISPATCH, LINEAR1, LINEAR2)}
+    remote_share = (cfg.ep - 1) / cfg.ep
+    n_cols = min(cfg.block_n2, cfg.hidden)
+
+    def name(kind: int, u: int, nb: int) -> str:
+        return f"{KIND_NAMES[kind]}.{u}.{nb}"
+
+    ctas = []
+    for c in range(num_ctas):
+        tasks = []
+        for kind, u, nb, *_rest, store_rows in table.cta_tasks(c).tolist():
+            if kind == DISPATCH:
+                deps: tuple[str, ...] = ()
+            elif kind == LINEAR1:
+                deps = (name(DISPATCH, u, 0),)
+            else:
+                deps = tuple(name(LINEAR1, u, j) for j in range(n1))
+            stores = {}
+            if kind == LINEAR2 and remote_share > 0:
+                stores = {REMOTE: int(round(store_rows * n_cols * cfg.elem_bytes * remote_share))}
+            tasks.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind]))
+        ctas.append(tasks)
+    return KernelWork(ctas=ctas, dest_path={REMOTE: "remote"})

@@ -1,0 +1,68 @@
+"""The planner: predict every candidate schedule of a fused kernel with the Burst-Gap model and pick.
+
+For a MoE configuration, a store-path profile and measured tile costs, each candidate order
+(`expert_wave`, `interleaved`, `lag:k`) is turned into its task graph (`moe_work`) and simulated
+(`simulate_kernel`); the table is sorted by predicted kernel time. `pick_moe_schedule` is what the
+kernel's `model_guided` schedule calls.
+
+Example:
+    from xstage.model import load_default_profile
+    cfg = MoeConfig.parse("H4096/I2048/E256/top6", tokens_per_rank=1024, ep=8)
+    rows = plan_moe(cfg, load_default_profile().params, load_default_costs("moe"), num_ctas=132)
+    print(rows[0].schedule, rows[0].time_ns)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xstage.errors import InputError
+from xstage.model.params import PathParams
+from xstage.sched.costs import TaskCosts
+from xstage.sched.moe import MoeConfig, moe_work
+from xstage.sched.simulate import SimResult, simulate_kernel
+
+DEFAULT_CANDIDATES = ("expert_wave", "interleaved", "lag:0", "lag:1", "lag:2", "lag:4", "lag:8")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    schedule: str
+    block_m: int
+    time_ns: float
+    breakdown: dict[str, float]
+    result: SimResult
+
+    def as_dict(self) -> dict:
+        return {"schedule": self.schedule, "block_m": self.block_m, "time_ns": self.time_ns, **self.breakdown}
+
+
+def plan_moe(
+    cfg: MoeConfig,
+    path: PathParams,
+    costs: TaskCosts,
+    num_ctas: int,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    block_ms: Sequence[int] | None = None,
+    seed: int = 0,
+) -> list[PlanRow]:
+    """Every candidate (schedule x block_m) with its predicted kernel time, fastest first."""
+    if num_ctas < 1:
+        raise InputError(f"num_ctas={num_ctas}: must be >= 1")
+    if not candidates:
+        raise InputError("candidates: at least one schedule is needed")
+    rows = []
+    for bm in block_ms or (cfg.block_m,):
+        c = cfg.with_blocks(block_m=bm)
+        for name in candidates:
+            work = moe_work(c, name, costs, num_ctas, seed=seed)
+            res = simulate_kernel(work, {"remote": path}, trace_backlog=True)
+            rows.append(PlanRow(name, bm, res.time_ns, res.breakdown(), res))
+    rows.sort(key=lambda r: r.time_ns)
+    return rows
+
+
+def pick_moe_schedule(cfg: MoeConfig, path: PathParams, costs: TaskCosts, num_ctas: int, **kw) -> str:
+    """The name of the schedule with the lowest predicted kernel time."""
+    return plan_moe(cfg, path, costs, num_ctas, **kw)[0].schedule
