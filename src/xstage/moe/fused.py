@@ -126,37 +126,50 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _P
     return _Plan(lay, sched, buf.device)
 
 
-def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
-           timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True) -> torch.Tensor:
-    """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
-    c = buf.cfg
+def _bounds(buf: MoEBuffer, timeout_ns: int):
     use_ptx = buf.device.type == "cuda" and not _INTERPRET
-    max_spins = 2**31 - 1 if use_ptx else 2000
-    if not use_ptx:
-        # No timer in the interpreter: the bound is a poll count (64 ns per poll in the comm helper).
-        timeout_ns = 2000 * 64 if buf.loopback else 2**26
-    x_src = x if buf.loopback else buf.x_buf
-    common = dict(num_warps=c.num_warps) if not _INTERPRET else {}
-    kernels.moe_main_kernel[(p.schedule.num_ctas,)](
+    if use_ptx:
+        return use_ptx, timeout_ns, 2**31 - 1
+    # No timer in the interpreter: the bound is a poll count (64 ns per poll in the comm helper).
+    return use_ptx, (2000 * 64 if buf.loopback else 2**26), 2000
+
+
+def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True):
+    """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal)."""
+    c = buf.cfg
+    use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
+    opts = {} if _INTERPRET else dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    return kernels.moe_main_kernel[(p.schedule.num_ctas,)](
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
-        x_src, buf.x_delta, buf.recv, w1t, w2, buf.act, buf.combine, buf.comb_delta,
+        x if buf.loopback else buf.x_buf, buf.x_delta, buf.recv, w1t, w2, buf.act, buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
         buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins,
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        WAIT=wait, USE_PTX=use_ptx, num_stages=c.num_stages, **common,
+        WAIT=wait, USE_PTX=use_ptx, **opts,
     )
-    T = x.shape[0]
-    kp = triton.next_power_of_2(buf.K)
+
+
+def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True):
+    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]`."""
+    use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
+    T = y.shape[0]
+    bh = next(b for b in (256, 128, 64, 32, 16, 8) if buf.H % b == 0)
     kernels.moe_reduce_kernel[(max(1, triton.cdiv(T, _REDUCE_BT)),)](
         buf.combine, buf.read_delta, topk_idx, topk_w, y, buf.ready, buf.units_cap,
         buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
         buf.R, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins,
-        STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=min(256, triton.next_power_of_2(buf.H)) if buf.H % 256 == 0
-        else 128 if buf.H % 128 == 0 else 64 if buf.H % 64 == 0 else 8, KP=kp,
-        WAIT=wait, USE_PTX=use_ptx, **({"num_warps": 4} if not _INTERPRET else {}),
+        STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=triton.next_power_of_2(buf.K),
+        WAIT=wait, USE_PTX=use_ptx, **({} if _INTERPRET else {"num_warps": 4}),
     )
     return y
+
+
+def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
+           timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True) -> torch.Tensor:
+    """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
+    launch_main(x, w1t, w2, buf, p, timeout_ns, wait)
+    return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait)
 
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
+# Usage: benchmarks/moe_gpu.sh [check] [ep1] [multirank] [grid]   (results under $OUT or benchmarks/results)
+set -u
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=src
+OUT_DIR=${OUT:-benchmarks/results}/h200-moe
+mkdir -p "$OUT_DIR"
+steps=${*:-check ep1 multirank}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for step in $steps; do
+  start=$(date +%s)
+  case $step in
+    check) timeout "${CHECK_S:-100}" python3 -m xstage.bench.moe check 2>&1 | tail -40 ;;
+    ep1) timeout "${EP1_S:-130}" python3 -m xstage.bench.moe ep1 -o "$OUT_DIR" ${EP1_ARGS:-} 2>&1 | tail -40 ;;
+    multirank) timeout "${MULTI_S:-70}" python3 -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
+    grid) timeout "${GRID_S:-250}" python3 -m xstage.bench.moe grid -o "$OUT_DIR" --budget-s "${GRID_BUDGET_S:-200}" \
+            ${GRID_ARGS:-} 2>&1 | tail -60 ;;
+  esac
+  echo "== $step: $(( $(date +%s) - start )) s"
+done

@@ -1,0 +1,447 @@
+"""`xstage bench moe`: the fused MoE kernel per schedule against an unfused pipeline, on one GPU.
+
+Grid: 4 shapes x tokens per rank {256 .. 16384} x EP {2, 4, 8} (84 configurations) plus EP=1 at
+4096 and 16384 tokens. Each EP>1 configuration runs rank 0 of the group over the loopback `host`
+path (rows for peers cross PCIe into pinned memory) and records, per variant:
+
+- `expert_wave`, `interleaved`, `lag:k`: the fused persistent kernel (dispatch, Linear-1 + SwiGLU,
+  Linear-2 + combine push); `time_ns` is that kernel, `reduce_ns` the separate top-k reduce;
+- `unfused`: gather + copy of the rows for peers to the same destination, `torch._grouped_mm`
+  Linear-1, SwiGLU, `torch._grouped_mm` Linear-2, copy of the output rows for peers back to the
+  destination (the same exchange bytes as the fused kernel, without the reduce);
+- `chain` (EP=1): only the compute chain grouped_mm -> SwiGLU -> grouped_mm on pre-sorted rows.
+`tflops` counts 6 * rows * H * I. `speedup` is `expert_wave` time over the variant's time.
+
+Example (a slice, GPU):
+    xstage bench moe -o benchmarks/results/h200-moe --only shape=H4096-I2048-E256-K6 --only tokens=4096
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from xstage.bench.grid import select
+from xstage.bench.results import ResultWriter, read_rows
+from xstage.errors import InputError
+
+SHAPES = {
+    "H4096-I2048-E256-K6": (4096, 2048, 256, 6),
+    "H7168-I3072-E384-K6": (7168, 3072, 384, 6),
+    "H4096-I1536-E128-K8": (4096, 1536, 128, 8),
+    "H1152-I4608-E8-K2": (1152, 4608, 8, 2),
+}
+TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+EPS = (2, 4, 8)
+SCHEDULES = ("expert_wave", "interleaved", "lag:4", "lag:16")
+COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "reduce_ns", "tflops",
+           "speedup", "rows", "block", "ctas", "max_err"]
+KEYS = ["shape", "tokens", "ep", "path", "variant"]
+
+
+def grid_configs() -> list[dict]:
+    """The 84 EP>1 configurations, then the 8 EP=1 ones."""
+    out = [dict(shape=s, tokens=t, ep=ep) for s in SHAPES for t in TOKENS for ep in EPS]
+    out += [dict(shape=s, tokens=t, ep=1) for s in SHAPES for t in (4096, 16384)]
+    return out
+
+
+def routing(T, E, K, device, seed=0):
+    """Uniform random top-k routing (distinct experts per token) and normalised weights."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    scores = torch.rand(T, E, generator=g, device=device)
+    w, idx = torch.topk(scores, K, dim=1)
+    return idx.contiguous(), (w / w.sum(1, keepdim=True)).float().contiguous()
+
+
+def parse_block(spec: str, H: int):
+    """`"BM:BN1:BN2:BK:WARPS:STAGES"` -> BlockConfig (BN2 halves until it divides H)."""
+    from xstage.moe import BlockConfig
+
+    try:
+        bm, bn1, bn2, bk, warps, stages = (int(v) for v in spec.split(":"))
+    except ValueError as exc:
+        raise InputError(f"block {spec!r}: expected BM:BN1:BN2:BK:WARPS:STAGES") from exc
+    while H % bn2:
+        bn2 //= 2
+    bd = next(b for b in (128, 64, 32, 16, 8) if H % b == 0)
+    return BlockConfig(block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk, block_d=bd, num_warps=warps,
+                       num_stages=stages)
+
+
+BLOCK_LARGE = "128:128:256:64:8:3"
+BLOCK_SMALL = "64:128:256:64:4:3"
+
+
+def block_for(shape_name: str, tokens: int, ep: int, spec: str | None = None):
+    """Block config by expected rows per local expert (DeepGEMM's rule, reduced to two Triton tiles)."""
+    H, I, E, K = SHAPES[shape_name] if isinstance(shape_name, str) else shape_name
+    per_expert = tokens * K / (E // ep) / ep  # rows per local expert: T*K spread over E experts
+    return parse_block(spec or (BLOCK_SMALL if per_expert <= 64 else BLOCK_LARGE), H)
+
+
+class Problem:
+    """Inputs, weights and buffer of one configuration on one device."""
+
+    def __init__(self, shape_name, tokens, ep, path, cfg, device="cuda", dtype=torch.bfloat16, seed=0):
+        from xstage.moe import LoopbackGroup, MoEBuffer, transform_weights
+
+        H, I, E, K = SHAPES[shape_name] if isinstance(shape_name, str) else shape_name
+        self.H, self.I, self.E, self.K, self.T, self.ep = H, I, E, K, tokens, ep
+        el = E // ep
+        g = torch.Generator(device=device).manual_seed(seed + 1)
+        self.x = torch.randn(tokens, H, generator=g, device=device, dtype=dtype)
+        self.idx, self.w = routing(tokens, E, K, device, seed)
+        self.l1 = torch.randn(el, 2 * I, H, generator=g, device=device, dtype=dtype).mul_(H**-0.5)
+        self.l2 = torch.randn(el, H, I, generator=g, device=device, dtype=dtype).mul_(I**-0.5)
+        self.cfg = cfg
+        self.buf = MoEBuffer(tokens, E, K, H, I, LoopbackGroup(ep, path=path), device=device, dtype=dtype,
+                             config=cfg)
+        self.w1t, self.w2 = transform_weights(self.l1, self.l2, cfg.block_n1)
+        self.rows = tokens * K  # rows rank 0 computes (each of its (token, slot) pairs exactly once)
+
+    def flops(self) -> float:
+        return 6.0 * self.rows * self.H * self.I
+
+
+class _HostEvent:
+    """CPU stand-in for a CUDA event (interpreter runs of the bench code)."""
+
+    def record(self):
+        self.t = time.perf_counter_ns()
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) / 1e6
+
+
+def _events(n):
+    if torch.cuda.is_available():
+        return [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    return [_HostEvent() for _ in range(n)]
+
+
+def _sync():
+    if torch.cuda.is_available():
+        _sync()
+
+
+def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
+    """Median ns of the main kernel and of the reduce, and the output of the last run."""
+    from xstage.moe.fused import launch_main, launch_reduce, plan
+
+    p = plan(pb.idx, pb.buf, schedule)
+    y = torch.empty_like(pb.x)
+    for _ in range(warmup):
+        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
+        launch_reduce(pb.idx, pb.w, y, pb.buf)
+    _sync()
+    a, b, c = _events(rep), _events(rep), _events(rep)
+    for i in range(rep):
+        a[i].record()
+        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
+        b[i].record()
+        launch_reduce(pb.idx, pb.w, y, pb.buf)
+        c[i].record()
+    _sync()
+    pb.buf.check()
+    main = sorted(a[i].elapsed_time(b[i]) * 1e6 for i in range(rep))[rep // 2]
+    red = sorted(b[i].elapsed_time(c[i]) * 1e6 for i in range(rep))[rep // 2]
+    return main, red, y, p.schedule.num_ctas
+
+
+def _grouped_mm(a, w, offs):
+    """`a [M, K]` rows sorted by group, `w [G, N, K]` -> `[M, N]`; torch._grouped_mm where available."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is not None and a.is_cuda:
+        return fn(a, w.transpose(-2, -1), offs=offs)
+    out = a.new_empty(a.shape[0], w.shape[1])
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = a[start:end] @ w[e].t()
+        start = end
+    return out
+
+
+class Unfused:
+    """The serial pipeline on the same routing: exchange copies, grouped GEMMs, SwiGLU."""
+
+    def __init__(self, pb: Problem, path: str):
+        from xstage.moe.reference import loopback_inputs
+
+        self.pb = pb
+        _, idx_all, _, _, _ = loopback_inputs(pb.x, pb.idx, pb.w, pb.l1, pb.l2, pb.ep)
+        el = pb.E // pb.ep
+        rows_t, rows_k, experts, remote = [], [], [], []
+        for s in range(pb.ep):
+            owner = idx_all[s] // el
+            t, k = torch.nonzero(owner == 0, as_tuple=True)
+            rows_t.append(t)
+            rows_k.append(k)
+            experts.append(idx_all[s][t, k] % el)
+            remote.append(torch.full_like(t, int(s != 0)))
+        t, k, e, r = (torch.cat(v) for v in (rows_t, rows_k, experts, remote))
+        order = torch.argsort(e, stable=True)
+        self.t, self.k, self.remote = t[order], k[order], r[order].bool()
+        self.offs = torch.cumsum(torch.bincount(e, minlength=el), 0).to(torch.int32)
+        self.n_remote = int(self.remote.sum())
+        pin = path == "host" and pb.x.is_cuda
+        self.dst_in = torch.empty(self.n_remote, pb.H, dtype=pb.x.dtype, pin_memory=pin,
+                                  device="cpu" if pin else pb.x.device)
+        self.dst_out = torch.empty_like(self.dst_in)
+        self.sel_remote = torch.nonzero(self.remote).flatten()
+        self.x_sorted = pb.x[self.t].contiguous()
+        self.w1, self.w2 = pb.l1, pb.l2
+
+    def chain(self, a):
+        h = _grouped_mm(a, self.w1, self.offs)
+        inter = self.pb.I
+        act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+        return _grouped_mm(act, self.w2, self.offs)
+
+    def full(self):
+        a = self.pb.x[self.t]  # dispatch: gather, then the rows for peers cross the path
+        if self.n_remote:
+            self.dst_in.copy_(a[self.sel_remote], non_blocking=True)
+        out = self.chain(a)
+        if self.n_remote:
+            self.dst_out.copy_(out[self.sel_remote], non_blocking=True)
+        return out
+
+    def combine(self, out):
+        """Top-k weighted sum from the sorted expert outputs (used for the correctness check)."""
+        y = torch.zeros(self.pb.T, self.pb.K, self.pb.H, dtype=torch.float32, device=out.device)
+        y[self.t, self.k] = out.float()
+        return (y * self.pb.w[:, :, None]).sum(1)
+
+
+def time_fn(fn, warmup=3, rep=10) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync()
+    a, b = _events(rep), _events(rep)
+    for i in range(rep):
+        a[i].record()
+        fn()
+        b[i].record()
+    _sync()
+    return sorted(a[i].elapsed_time(b[i]) * 1e6 for i in range(rep))[rep // 2]
+
+
+def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None, warmup=3, rep=10,
+               block=None, log=print) -> list[dict]:
+    """Measure one configuration: every schedule, the unfused pipeline (and the chain at EP=1)."""
+    shape, T, ep = cfg_row["shape"], int(cfg_row["tokens"]), int(cfg_row["ep"])
+    H, I, E, K = SHAPES[shape] if isinstance(shape, str) else shape
+    cfg = cfg_row.get("config") or block_for(shape, T, ep, block)
+    pth = path if ep > 1 else "hbm"
+    pb = Problem(shape, T, ep, pth, cfg, device=cfg_row.get("device", "cuda"),
+                 dtype=cfg_row.get("dtype", torch.bfloat16))
+    name = shape if isinstance(shape, str) else f"H{H}-I{I}-E{E}-K{K}"
+    base = dict(shape=name, H=H, I=I, E=E, K=K, tokens=T, ep=ep, path=pth, rows=pb.rows,
+                block=f"{cfg.block_m}x{cfg.block_n1}x{cfg.block_n2}x{cfg.block_k}")
+    rows, outs = [], {}
+    for s in schedules:
+        main, red, y, ctas = time_fused(pb, s, warmup, rep)
+        outs[s] = y
+        rows.append(dict(base, variant=s, time_ns=main, reduce_ns=red, ctas=ctas))
+    un = Unfused(pb, pth)
+    rows.append(dict(base, variant="unfused", time_ns=time_fn(un.full, warmup, rep), reduce_ns="", ctas=""))
+    if ep == 1:
+        rows.append(dict(base, variant="chain", time_ns=time_fn(lambda: un.chain(un.x_sorted), warmup, rep),
+                         reduce_ns="", ctas=""))
+    ref = un.combine(un.full())
+    scale = float(ref.abs().max()) or 1.0
+    ew = next((r["time_ns"] for r in rows if r["variant"] == "expert_wave"), None)
+    for r in rows:
+        r["tflops"] = pb.flops() / r["time_ns"] / 1e3
+        r["speedup"] = ew / r["time_ns"] if ew else ""
+        y = outs.get(r["variant"])
+        r["max_err"] = float((y.float() - ref).abs().max()) / scale if y is not None else ""
+    if writer is not None:
+        writer.write_many(rows)
+    for r in rows:
+        log(f"{shape} T={T} EP={ep} {r['variant']:>12}: {r['time_ns'] / 1e3:9.1f} us {r['tflops']:6.0f} TFLOP/s "
+            f"speedup {r['speedup'] if r['speedup'] == '' else round(r['speedup'], 3)} err {r['max_err']}")
+    return rows
+
+
+def run_grid(out_dir, only=None, path="host", schedules=SCHEDULES, warmup=3, rep=10, budget_s=None, block=None,
+             log=print):
+    """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops after `budget_s`."""
+    if not torch.cuda.is_available():
+        raise InputError("bench moe: needs a CUDA GPU")
+    out = Path(out_dir)
+    writer = ResultWriter(out / "moe.csv", COLUMNS, KEYS)
+    t0 = time.time()
+    for c in select(grid_configs(), only):
+        if budget_s is not None and time.time() - t0 > budget_s:
+            log("time budget reached; rerun to continue")
+            break
+        pth = path if c["ep"] > 1 else "hbm"
+        if writer.done(dict(c, path=pth, variant="unfused")):
+            continue
+        run_config(c, path, schedules, writer, warmup, rep, block=block, log=log)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    summarize(out)
+
+
+def _geomean(v):
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+
+
+def summarize(out_dir) -> dict:
+    """Geomean / max speedup of each variant over expert_wave, plots, and summary.md from the CSV."""
+    out = Path(out_dir)
+    rows = read_rows(out / "moe.csv")
+    by_var = defaultdict(list)
+    for r in rows:
+        if r["speedup"] and int(r["ep"]) > 1:
+            by_var[r["variant"]].append(float(r["speedup"]))
+    summary = {v: dict(configs=len(s), geomean=_geomean(s), max=max(s)) for v, s in by_var.items()}
+    lines = ["# MoE fused kernel: schedules vs expert_wave (EP>1, loopback host path)", "",
+             "| variant | configs | geomean speedup | max speedup |", "|---|---|---|---|"]
+    for v, s in sorted(summary.items()):
+        lines.append(f"| {v} | {s['configs']} | {s['geomean']:.3f} | {s['max']:.3f} |")
+    ep1 = [r for r in rows if int(r["ep"]) == 1]
+    if ep1:
+        lines += ["", "## EP=1: fused kernel vs the grouped_mm compute chain", "",
+                  "| shape | tokens | variant | time (us) | TFLOP/s | reduce (us) |", "|---|---|---|---|---|---|"]
+        for r in ep1:
+            red = f"{float(r['reduce_ns']) / 1e3:.1f}" if r["reduce_ns"] else ""
+            lines.append(f"| {r['shape']} | {r['tokens']} | {r['variant']} | {float(r['time_ns']) / 1e3:.1f} | "
+                         f"{float(r['tflops']):.0f} | {red} |")
+    if rows:
+        env = rows[-1]
+        lines += ["", f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
+                      f"triton {env.get('triton')}, {env.get('date')}"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    try:
+        from xstage.bench.plots import plot_lines
+
+        for shape in SHAPES:
+            sel = [r for r in rows if r["shape"] == shape and int(r["ep"]) > 1 and r["speedup"]]
+            if sel:
+                plot_lines(sel, "tokens", "speedup", ["variant", "ep"], out / f"speedup-{shape}.png", logx=True,
+                           title=f"{shape}: speedup over expert_wave", hline=1.0)
+    except ImportError:
+        pass
+    return summary
+
+
+def register_bench(grids) -> None:
+    from xstage.bench.commands import add_grid_options
+
+    p = grids.add_parser("moe", help="fused MoE schedules vs expert_wave and the unfused pipeline")
+    add_grid_options(p)
+    p.add_argument("--path", choices=("host", "hbm"), default="host", help="loopback path for EP>1")
+    p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated schedule names")
+    p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this")
+    p.set_defaults(handler=_handler)
+
+
+def _handler(args) -> int:
+    from xstage.cli import emit
+
+    run_grid(args.out, args.only, args.path, tuple(args.schedules.split(",")), args.warmup, args.rep,
+             args.budget_s)
+    summary = summarize(args.out)
+    emit(summary, args.json, (Path(args.out) / "summary.md").read_text())
+    return 0
+
+
+def gpu_check(cases=None, device="cuda", dtype=torch.bfloat16, log=print) -> bool:
+    """bf16 fused kernel vs the float32 reference, bitwise equality of schedules, repeated calls."""
+    from xstage.moe import fused_moe, loopback_inputs, reference_moe_virtual
+
+    ok = True
+    cases = cases or [((1024, 512, 16, 4), 300, 1, "hbm", BLOCK_LARGE),
+                      ((1024, 512, 16, 4), 300, 4, "host", BLOCK_SMALL),
+                      ((1152, 768, 8, 2), 129, 8, "hbm", BLOCK_LARGE),
+                      ((2048, 1024, 64, 6), 1000, 2, "host", BLOCK_LARGE)]
+    for shape, T, ep, path, spec in cases:
+        cfg = parse_block(spec, shape[0])
+        try:
+            pb = Problem(shape, T, ep, path, cfg, device=device, dtype=dtype)
+        except Exception as exc:
+            log(f"check {shape}: {type(exc).__name__}: {exc}")
+            ok = False
+            continue
+        ref = reference_moe_virtual(*loopback_inputs(pb.x.float(), pb.idx, pb.w, pb.l1.float(), pb.l2.float(), ep))[0]
+        outs = {}
+        for s in ("expert_wave", "interleaved", "lag:0", "lag:3", "expert_wave"):
+            pb.buf.combine.fill_(float("nan"))
+            outs.setdefault(s, []).append(fused_moe(pb.x, pb.idx, pb.w, pb.w1t, pb.w2, pb.buf, schedule=s))
+        try:
+            from xstage.moe.fused import launch_main, plan
+
+            k = launch_main(pb.x, pb.w1t, pb.w2, pb.buf, plan(pb.idx, pb.buf, "interleaved"))
+            fused_moe(pb.x, pb.idx, pb.w, pb.w1t, pb.w2, pb.buf)  # the reduce re-arms the counters
+            ptx = k.asm.get("ptx", "")
+            log(f"kernel {spec}: regs {getattr(k, 'n_regs', '?')} shared {k.metadata.shared} "
+                + " ".join(f"{op}={ptx.count(op)}" for op in ("wgmma.mma_async", "cp.async.cg", "st.global.v4",
+                                                                "ld.global.v4", "mma.sync")))
+        except Exception as exc:
+            log(f"kernel info: {type(exc).__name__}: {exc}")
+        first = outs["expert_wave"][0]
+        same = all(torch.equal(y, first) for ys in outs.values() for y in ys)
+        err = float((first.float() - ref).abs().max())
+        scale = float(ref.abs().max())
+        good = same and err <= 2e-2 * scale and not torch.isnan(first).any()
+        ok &= good
+        log(f"check {shape} T={T} EP={ep} {path} block={spec}: max|err| {err:.3g} (|ref| {scale:.3g}) "
+            f"bitwise-equal schedules {same}: {'ok' if good else 'FAIL'}")
+    return ok
+
+
+def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMALL), warmup=3, rep=10, log=print):
+    """EP=1: fused kernel (main + reduce) vs the grouped_mm chain, a few block configurations."""
+    rows = []
+    for shape in shapes or SHAPES:
+        for T in tokens:
+            for spec in blocks:
+                cfg = parse_block(spec, SHAPES[shape][0])
+                pb = Problem(shape, T, 1, "hbm", cfg)
+                try:
+                    main, red, y, ctas = time_fused(pb, "interleaved", warmup, rep)
+                except Exception as exc:  # a config that does not compile or fit: report and go on
+                    log(f"ep1 {shape} T={T} block={spec}: {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                un = Unfused(pb, "hbm")
+                chain = time_fn(lambda un=un: un.chain(un.x_sorted), warmup, rep)
+                f = pb.flops()
+                rows.append(dict(shape=shape, tokens=T, block=spec, fused_us=main / 1e3, reduce_us=red / 1e3,
+                                 chain_us=chain / 1e3, fused_tflops=f / main / 1e3, chain_tflops=f / chain / 1e3,
+                                 ratio=(main + red) / chain))
+                log("ep1 " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in rows[-1].items()))
+                del pb, un
+                torch.cuda.empty_cache()
+    return rows
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description="MoE device runs: check, ep1 sweep, grid")
+    ap.add_argument("mode", choices=("check", "ep1", "grid"))
+    ap.add_argument("-o", "--out", default="benchmarks/results/h200-moe")
+    ap.add_argument("--only", action="append")
+    ap.add_argument("--budget-s", type=float, default=None)
+    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--blocks", default=f"{BLOCK_LARGE},{BLOCK_SMALL}")
+    ap.add_argument("--block", default=None, help="grid: one block spec for every configuration")
+    a = ap.parse_args()
+    if a.mode == "check":
+        raise SystemExit(0 if gpu_check() else 1)
+    if a.mode == "ep1":
+        res = ep1_sweep(a.shapes.split(",") if a.shapes else None, blocks=a.blocks.split(","))
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
+    else:
+        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block)
