@@ -13,10 +13,10 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in $steps; do
   start=$(date +%s)
   case $step in
-    check) timeout "${CHECK_S:-100}" python3 -m xstage.bench.moe check 2>&1 | tail -40 ;;
-    ep1) timeout "${EP1_S:-130}" python3 -m xstage.bench.moe ep1 -o "$OUT_DIR" ${EP1_ARGS:-} 2>&1 | tail -40 ;;
-    multirank) timeout "${MULTI_S:-70}" python3 -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
-    grid) timeout "${GRID_S:-250}" python3 -m xstage.bench.moe grid -o "$OUT_DIR" --budget-s "${GRID_BUDGET_S:-200}" \
+    check) timeout "${CHECK_S:-100}" python3 -u -m xstage.bench.moe check 2>&1 | tail -40 ;;
+    ep1) timeout "${EP1_S:-130}" python3 -u -m xstage.bench.moe ep1 -o "$OUT_DIR" ${EP1_ARGS:-} 2>&1 | tail -40 ;;
+    multirank) timeout "${MULTI_S:-70}" python3 -u -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
+    grid) timeout "${GRID_S:-250}" python3 -u -m xstage.bench.moe grid -o "$OUT_DIR" --budget-s "${GRID_BUDGET_S:-200}" \
             ${GRID_ARGS:-} 2>&1 | tail -60 ;;
   esac
   echo "== $step: $(( $(date +%s) - start )) s"
