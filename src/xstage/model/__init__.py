@@ -1,0 +1,1 @@
+"""Burst-Gap model of the X-Stage: parameters, closed forms, simulator, fitting and profiles."""

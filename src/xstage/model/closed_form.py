@@ -1,0 +1,234 @@
+"""Closed forms of the Burst-Gap model for one issuer.
+
+Problem: given a path's parameters, say how long a burst of B bytes takes to issue, whether and when
+it stalls, how much it leaves in the X-Stage and how long that takes to drain, without simulating.
+
+Algorithm: one SM alone sees a single window `C = min(c_sm, capacity)` drained at `D = drain`; `n`
+SMs that run the same program from the same time with equal sharing each see `D / n` and
+`min(c_sm, capacity / n)` (`PathParams.symmetric`). Within a burst that starts its stores with
+backlog `q` and first-stage tokens `k`, the cumulative bytes issued after `t` ns follow the arrival
+curve `min(r_fast t, k + r0 t, C - q + D t)` (the greedy output of a token bucket in series with a
+window: for concave curves the min-plus convolution is the minimum), so
+
+    issue time   T = t0 + max(B / r_fast, (B - k) / r0, (B - C + q) / D)
+    backlog end  Q_end = max(0, q + B - D (T - t0))
+    completion   T_cpl = T + Q_end / D + latency;   recovery Q_end / D
+
+The overhead `t0` comes before the first store and the X-Stage keeps draining during it, so the
+backlog met by the first store is `max(0, Q0 - D t0)` for a backlog `Q0` at the burst's start. With
+`t0 = 0`, `b_fast = 0` these are exactly burst-gap.md's equations (`k = 0`, `r_fast` irrelevant).
+Periodic bursts: `periodic_onset_index` is burst-gap.md's `k* = floor((C - a)/(a - b)) + 2` with
+`b = D (G + t0)` (the gap plus the overhead drain); the steady issue time is
+`max(t0 + T_free, B / D - G)`: under backpressure each period `T + G` must drain one burst.
+All functions agree with `xstage.model.simulate` wherever both apply (tests/model).
+
+Example:
+    >>> from xstage.model.params import PathParams
+    >>> from xstage.model import closed_form as cf
+    >>> p = PathParams(r0=64e9, c_sm=2**20, drain=16e9, capacity=2**20, t0=100.0)
+    >>> round(cf.issue_time(p, 4 * 2**20))
+    196708
+    >>> round(cf.onset_bytes(p))
+    1398101
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from xstage.errors import InputError
+from xstage.model.params import NS, PathParams
+
+
+@dataclasses.dataclass(frozen=True)
+class IssuerState:
+    """What one issuer carries from one burst to the next: backlog (bytes) and first-stage tokens."""
+
+    backlog: float = 0.0
+    tokens: float | None = None
+
+
+def _check_bytes(nbytes: float, name: str = "nbytes") -> float:
+    if not (nbytes > 0 and math.isfinite(nbytes)):
+        raise InputError(f"{name} must be a finite number of bytes > 0, got {nbytes!r}")
+    return float(nbytes)
+
+
+def _check_time(t: float, name: str) -> float:
+    if not (t >= 0 and math.isfinite(t)):
+        raise InputError(f"{name} must be a finite time >= 0 ns, got {t!r}")
+    return float(t)
+
+
+def _start(p: PathParams, state: IssuerState) -> tuple[float, float]:
+    """Backlog and tokens at the first store, after the overhead t0 drained and refilled them."""
+    if state.backlog < 0:
+        raise InputError(f"backlog must be >= 0 bytes, got {state.backlog!r}")
+    k = p.b_fast if state.tokens is None else min(p.b_fast, state.tokens + p.r0 * p.t0 * NS)
+    return max(0.0, state.backlog - p.drain * p.t0 * NS), k
+
+
+def _duration_s(p: PathParams, nbytes: float, q: float, k: float) -> float:
+    terms = [0.0 if math.isinf(p.r_fast) else nbytes / p.r_fast, (nbytes - k) / p.r0]
+    if math.isfinite(p.capacity):
+        terms.append((nbytes - p.capacity + q) / p.drain)
+    return max(terms)
+
+
+def burst(params: PathParams, nbytes: float, state: IssuerState = IssuerState(), n_sm: int = 1) -> dict:
+    """Everything about one burst: issue, stall, backlog at the end, recovery, completion, next state.
+
+    Times in ns from the burst's start (t0 included). `state` is the issuer's state at that start.
+    """
+    nbytes = _check_bytes(nbytes)
+    p = params.symmetric(n_sm)
+    q, k = _start(p, state)
+    tau = _duration_s(p, nbytes, q, k)
+    free = _duration_s(p.replace(capacity=math.inf), nbytes, q, k)
+    q_end = min(p.capacity, max(0.0, q + nbytes - p.drain * tau))
+    k_end = min(p.b_fast - max(0.0, nbytes - p.r0 * tau), k + p.r0 * tau - nbytes)
+    issue = p.t0 + tau / NS
+    recovery = q_end / p.drain / NS
+    return {
+        "issue_ns": issue,
+        "stall_ns": (tau - free) / NS,
+        "backlog_end": q_end,
+        "recovery_ns": recovery,
+        "completion_ns": issue + recovery + p.latency,
+        "state": IssuerState(backlog=q_end, tokens=max(0.0, k_end)),
+    }
+
+
+def issue_time(params: PathParams, nbytes: float, backlog: float = 0.0, n_sm: int = 1) -> float:
+    """Issue time (ns, t0 included) of a burst that starts with `backlog` bytes outstanding."""
+    return burst(params, nbytes, IssuerState(backlog), n_sm)["issue_ns"]
+
+
+def stall(params: PathParams, nbytes: float, backlog: float = 0.0, n_sm: int = 1) -> float:
+    """Extra issue time (ns) the window costs over the backpressure-free issue."""
+    return burst(params, nbytes, IssuerState(backlog), n_sm)["stall_ns"]
+
+
+def backlog_end(params: PathParams, nbytes: float, backlog: float = 0.0, n_sm: int = 1) -> float:
+    """Bytes outstanding (per SM) when the burst's last store has issued."""
+    return burst(params, nbytes, IssuerState(backlog), n_sm)["backlog_end"]
+
+
+def completion_time(params: PathParams, nbytes: float, backlog: float = 0.0, n_sm: int = 1) -> float:
+    """Time (ns) from the burst's start until its last byte is remote-visible."""
+    return burst(params, nbytes, IssuerState(backlog), n_sm)["completion_ns"]
+
+
+def recovery_time(params: PathParams, nbytes: float, backlog: float = 0.0, n_sm: int = 1) -> float:
+    """Compute gap (ns) after the burst that drains the X-Stage completely (`Q_end / D`)."""
+    return burst(params, nbytes, IssuerState(backlog), n_sm)["recovery_ns"]
+
+
+def onset_bytes(params: PathParams, backlog: float = 0.0, n_sm: int = 1) -> float:
+    """Bytes a burst issues before backpressure starts (inf if the window never fills).
+
+    Empty first stage and `b_fast = 0`: `C r0 / (r0 - D)` (burst-gap.md's `B_crit`).
+    """
+    p = params.symmetric(n_sm)
+    q, k = _start(p, IssuerState(backlog))
+    room = p.capacity - q
+    if room <= 0:
+        return 0.0
+    if math.isinf(room):
+        return math.inf
+    d = p.drain
+    if not math.isinf(p.r_fast) and p.r_fast > d:
+        t1 = room / (p.r_fast - d)
+        if p.r_fast * t1 <= k + p.r0 * t1:
+            return p.r_fast * t1
+    elif math.isinf(p.r_fast) and k >= room:
+        return room
+    if p.r0 <= d:
+        return math.inf
+    t2 = (room - k) / (p.r0 - d)
+    return k + p.r0 * t2
+
+
+def after_gap(params: PathParams, state: IssuerState, gap_ns: float, n_sm: int = 1) -> IssuerState:
+    """Issuer state after a compute gap: the X-Stage drains, the first stage refills."""
+    gap_ns = _check_time(gap_ns, "gap_ns")
+    p = params.symmetric(n_sm)
+    tokens = None if state.tokens is None else min(p.b_fast, state.tokens + p.r0 * gap_ns * NS)
+    return IssuerState(max(0.0, state.backlog - p.drain * gap_ns * NS), tokens)
+
+
+def two_burst_issue_time(params: PathParams, b1: float, gap_ns: float, b2: float, n_sm: int = 1) -> float:
+    """Issue time (ns) of the second of two bursts `b1`, gap, `b2` from an empty X-Stage.
+
+    While the second burst is backpressured it falls with slope exactly -1 in the gap.
+    """
+    first = burst(params, b1, IssuerState(), n_sm)
+    return burst(params, b2, after_gap(params, first["state"], gap_ns, n_sm), n_sm)["issue_ns"]
+
+
+def periodic_issue_times(params: PathParams, nbytes: float, gap_ns: float, n_bursts: int,
+                         n_sm: int = 1) -> list[float]:
+    """Issue times (ns) of `n_bursts` bursts of `nbytes`, each followed by `gap_ns` of compute."""
+    if n_bursts < 1:
+        raise InputError(f"n_bursts must be >= 1, got {n_bursts}")
+    state, out = IssuerState(), []
+    for _ in range(n_bursts):
+        b = burst(params, nbytes, state, n_sm)
+        out.append(b["issue_ns"])
+        state = after_gap(params, b["state"], gap_ns, n_sm)
+    return out
+
+
+def periodic_onset_index(params: PathParams, nbytes: float, gap_ns: float, n_sm: int = 1) -> int | None:
+    """1-based index of the first backpressured burst of a periodic train (None: never).
+
+    burst-gap.md's `k*` with `a = B (1 - D / r0)`, `b = D (G + t0)`; exact for `b_fast = 0`. With a
+    first stage the train is followed burst by burst (up to 10^5 bursts).
+    """
+    nbytes = _check_bytes(nbytes)
+    gap_ns = _check_time(gap_ns, "gap_ns")
+    p = params.symmetric(n_sm)
+    if p.b_fast > 0:
+        state = IssuerState()
+        for i in range(1, 100_001):
+            b = burst(p, nbytes, state)
+            if b["stall_ns"] > 1e-9 * b["issue_ns"]:
+                return i
+            nxt = after_gap(p, b["state"], gap_ns)
+            if nxt == state:
+                return None
+            state = nxt
+        return None
+    a = nbytes * (1.0 - p.drain / p.r0)
+    b = p.drain * (gap_ns + p.t0) * NS
+    if a > p.capacity:
+        return 1
+    if a <= b or math.isinf(p.capacity):
+        return None
+    return int(math.floor((p.capacity - a) / (a - b))) + 2
+
+
+def periodic_steady_issue_time(params: PathParams, nbytes: float, gap_ns: float, n_sm: int = 1) -> float:
+    """Issue time (ns) per burst once a periodic train has settled.
+
+    Backpressured trains end every burst with a full window `C`, so each burst starts from
+    `max(0, C - D (G + t0))`: the issue time is `B / D - G` while the gap cannot empty the window
+    (burst-gap.md's steady state) and `t0 + (B - C) / D` once it can. Otherwise it is the free issue.
+    """
+    nbytes = _check_bytes(nbytes)
+    gap_ns = _check_time(gap_ns, "gap_ns")
+    p = params.symmetric(n_sm)
+    loaded = periodic_onset_index(params, nbytes, gap_ns, n_sm) is not None
+    if not loaded:
+        p = p.replace(capacity=math.inf, c_sm=math.inf)
+    state = IssuerState(p.capacity if loaded else 0.0, p.b_fast)
+    for _ in range(10_000):
+        b = burst(p, nbytes, after_gap(p, state, gap_ns) if loaded else state)
+        nxt = IssuerState(state.backlog, b["state"].tokens)
+        if not loaded:
+            nxt = after_gap(p, IssuerState(0.0, b["state"].tokens), gap_ns)
+        if abs(nxt.tokens - state.tokens) <= 1e-9 * max(1.0, p.b_fast):
+            break
+        state = nxt
+    return b["issue_ns"]

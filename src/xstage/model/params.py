@@ -1,0 +1,138 @@
+"""Parameters of one store path in the Burst-Gap model.
+
+A path is the route a group of SMs stores through (device memory, host memory over PCIe, a peer GPU
+over NVLink). Its X-Stage is modelled as two levels of outstanding bytes (issued, not yet remote
+visible):
+
+* per SM: the SM issues at most `r0` bytes/s and keeps at most `c_sm` bytes outstanding;
+* shared: all SMs on the path together keep at most `capacity` bytes outstanding, and the path
+  completes (drains) `drain` bytes/s, work-conserving, split among the SMs with bytes outstanding.
+
+Each burst costs a fixed `t0` ns before its first store; completion of a byte is visible `latency` ns
+after the drain releases it.
+
+Two additions, each justified by the H200 host-link reference data (`xstage.data`, see
+`shared/design/burst-gap.md`) and kept only because they lower the held-out error
+(`xstage.model.fit.evaluate_loco`, figures in the default profile's `structure` section):
+
+* `r_fast`, `b_fast`: a small first stage in front of the per-SM window. A token bucket of `b_fast`
+  bytes lets a burst start at `r_fast` (> `r0`) until `b_fast` bytes beyond the `r0` pace have gone;
+  it refills at `r0` while the SM issues slower. One SM alone on the host link issues 4 KiB in 95 ns
+  and 16 KiB in 152 ns (~215 GB/s incremental) but 64 KiB -> 1 MiB at ~50.6 GB/s, with an intercept
+  that a single rate and `t0` cannot produce. `b_fast = 0` switches it off.
+* `spread`: unequal sharing of the drain. SM `i` of `n` gets weight
+  `spread ** ((i + 0.5) / n - 0.5)` (log-uniform over a factor `spread`), and the drain is split in
+  proportion to weight among SMs holding bytes. Under backpressure the reference probe's per-CTA
+  issue times spread up to ~12x around the median, and the CTA median sits at 0.4-0.8 of the
+  equal-share time; with `spread = 1` every backpressured median is overestimated. `spread = 1` is
+  equal sharing.
+
+`c_sm` and `capacity` may be `math.inf` (no window: a path with no backpressure at that level is
+valid). Units: bytes, bytes/s, ns.
+
+Example:
+    >>> from xstage.model.params import PathParams
+    >>> p = PathParams(r0=50e9, c_sm=96 * 1024, drain=52.5e9, capacity=4.5 * 2**20, t0=75.0, latency=1000.0)
+    >>> round(p.single().capacity)
+    98304
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from xstage.errors import InputError
+
+NS = 1e-9
+
+PARAM_NAMES = ("r0", "c_sm", "drain", "capacity", "t0", "latency", "r_fast", "b_fast", "spread")
+PARAM_UNITS = {
+    "r0": "B/s", "c_sm": "B", "drain": "B/s", "capacity": "B", "t0": "ns", "latency": "ns",
+    "r_fast": "B/s", "b_fast": "B", "spread": "ratio",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PathParams:
+    """Burst-Gap parameters of one path; see the module docstring for the meaning of each field."""
+
+    r0: float
+    c_sm: float
+    drain: float
+    capacity: float
+    t0: float = 0.0
+    latency: float = 0.0
+    r_fast: float = math.inf
+    b_fast: float = 0.0
+    spread: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("r0", "drain"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+                raise InputError(f"PathParams.{name} must be a finite rate > 0 B/s, got {v!r}")
+        for name in ("c_sm", "capacity"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v > 0) or math.isnan(v):
+                raise InputError(f"PathParams.{name} must be a window > 0 bytes (inf allowed), got {v!r}")
+        for name in ("t0", "latency", "b_fast"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise InputError(f"PathParams.{name} must be finite and >= 0, got {v!r}")
+        if not (isinstance(self.r_fast, (int, float)) and self.r_fast >= self.r0) or math.isnan(self.r_fast):
+            raise InputError(f"PathParams.r_fast must be >= r0 ({self.r0:g} B/s), got {self.r_fast!r}")
+        if self.b_fast > 0 and math.isinf(self.r_fast):
+            raise InputError("PathParams.r_fast must be finite when b_fast > 0 (a first stage has a rate)")
+        if not (isinstance(self.spread, (int, float)) and 1.0 <= self.spread < math.inf):
+            raise InputError(f"PathParams.spread must be a finite ratio >= 1, got {self.spread!r}")
+
+    def replace(self, **changes) -> PathParams:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict; infinite windows and rates become the string "inf"."""
+        return {k: ("inf" if math.isinf(v) else float(v)) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PathParams:
+        """Inverse of `to_dict`; unknown keys are an error so that a typo is not silently ignored."""
+        if not isinstance(d, dict):
+            raise InputError(f"parameters must be a mapping, got {type(d).__name__}")
+        unknown = set(d) - set(PARAM_NAMES)
+        if unknown:
+            raise InputError(f"parameters: unknown field(s) {sorted(unknown)}; known: {list(PARAM_NAMES)}")
+        missing = {"r0", "c_sm", "drain", "capacity"} - set(d)
+        if missing:
+            raise InputError(f"parameters: missing required field(s) {sorted(missing)}")
+        vals = {}
+        for k, v in d.items():
+            try:
+                vals[k] = float(v)
+            except (TypeError, ValueError):
+                raise InputError(f"parameters.{k} must be a number or 'inf', got {v!r}") from None
+        return cls(**vals)
+
+    def weights(self, n_sm: int) -> list[float]:
+        """Drain-sharing weight of each of `n_sm` SMs (all 1 when `spread == 1`)."""
+        if self.spread == 1.0:
+            return [1.0] * n_sm
+        return [self.spread ** ((i + 0.5) / n_sm - 0.5) for i in range(n_sm)]
+
+    def single(self) -> PathParams:
+        """One SM issuing alone: the two windows act as one of size min(c_sm, capacity)."""
+        return self.symmetric(1)
+
+    def symmetric(self, n_sm: int) -> PathParams:
+        """The equivalent single issuer of `n_sm` SMs running the same program from the same time.
+
+        With equal sharing each SM sees drain `drain / n` and window `min(c_sm, capacity / n)`;
+        r0, the first stage and t0 stay per SM. Exact only for `spread == 1` (unequal sharing breaks
+        the symmetry).
+        """
+        if n_sm < 1:
+            raise InputError(f"n_sm must be >= 1, got {n_sm}")
+        return dataclasses.replace(
+            self, drain=self.drain / n_sm, c_sm=min(self.c_sm, self.capacity / n_sm),
+            capacity=min(self.c_sm, self.capacity / n_sm), spread=1.0,
+        )
