@@ -16,6 +16,7 @@ from xstage.errors import XstageError
 
 COMMAND_MODULES = [
     "xstage.env_commands",
+    "xstage.probe.commands",
     "xstage.bench.commands",
 ]
 

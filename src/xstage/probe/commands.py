@@ -1,0 +1,110 @@
+"""`xstage probe`: measure a store path with the named sweeps, then summarise, fit and plot.
+
+    xstage probe --path host --sweep all -o results/h200-host       # measure + analyse (GPU)
+    xstage probe --path host --sweep first,twoburst --only n_sm=8,132 -o DIR   # a slice
+    xstage probe --path host --plan                                  # list configurations only
+    xstage probe --analyse-only -o DIR                               # re-analyse recorded data
+    torchrun --nproc-per-node 8 -m xstage probe --path peer --sweep all -o DIR
+
+Measuring needs a CUDA GPU; planning and analysis run anywhere.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from xstage.errors import InputError
+from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
+
+DEFAULT_SM_COUNT = 132
+
+
+def _sm_count(args) -> int:
+    if args.sm_count:
+        return args.sm_count
+    from xstage.env import has_gpu
+
+    if has_gpu():
+        import torch
+
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return DEFAULT_SM_COUNT
+
+
+def _init_peer_group():
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:
+        raise InputError("--path peer: start one process per rank with torchrun (RANK is not set)")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.device_count() > 1:
+        torch.cuda.set_device(local % torch.cuda.device_count())
+    else:
+        os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist
+
+
+def run_probe(args) -> int:
+    from xstage.bench.grid import select
+    from xstage.cli import emit
+
+    sweeps = parse_sweeps(args.sweep, args.path)
+    if args.repeats is not None and args.repeats < 1:
+        raise InputError(f"--repeats {args.repeats}: must be >= 1")
+    if args.plan:
+        planned = [{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))]
+        chosen = select(planned, args.only)
+        counts = Counter(d["sweep"] for d in chosen)
+        text = "\n".join([f"{len(chosen)} configurations on path {args.path}:"]
+                         + [f"  {s:<11} {counts[s]}" for s in sweeps])
+        emit({"path": args.path, "configs": chosen}, args.json, text)
+        return 0
+    if not args.out:
+        raise InputError("-o/--out: required to measure or analyse")
+    out = Path(args.out)
+    rank = 0
+    if not args.analyse_only:
+        from xstage.probe.session import measure
+
+        group = None
+        if args.path == "peer":
+            dist = _init_peer_group()
+            rank = dist.get_rank()
+        info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet,
+                       group=group)
+        if args.path == "peer":
+            dist.barrier()
+        if rank != 0:
+            return 0
+        if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
+            print(f"xstage probe: all {info['configs_skipped']} configurations already measured in {out}")
+    from xstage.probe.report import analyse
+
+    result = analyse(out, fit=not args.no_fit)
+    emit(result, args.json, result["text"])
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("probe", help="measure a store path (X-Stage microbenchmarks), fit and plot")
+    p.add_argument("--path", choices=sorted(PATH_SWEEPS), default="host", help="where the stores go")
+    p.add_argument("--sweep", default="all", help="'all' or a comma list of: first, periodic, twoburst, "
+                   "completion, knobs, peers")
+    p.add_argument("-o", "--out", help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable")
+    p.add_argument("--only", action="append", metavar="KEY=V1,V2",
+                   help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...)")
+    p.add_argument("--repeats", type=int, help="recorded launches per configuration (default per sweep)")
+    p.add_argument("--plan", action="store_true", help="list the configurations and stop")
+    p.add_argument("--sm-count", type=int, help="SM count to plan for (default: this GPU, else 132)")
+    p.add_argument("--analyse-only", action="store_true", help="skip measuring; analyse what -o holds")
+    p.add_argument("--no-fit", action="store_true", help="skip fitting the profile")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(handler=run_probe)
+

@@ -1,0 +1,213 @@
+"""Analyse a probe output folder: summary, experiments, plots, profile fit, held-out check, markdown.
+
+`analyse(out_dir)` reads `raw/*.csv` (or, for committed data, only `summary.csv`), writes
+`summary.csv`, `experiments.json`, `plots/*.png`, `fit.json` and `summary.md`, and returns a dict
+with the figures and a short text.
+
+Fit and held-out check: the summary rows of the default kernel shape (8 warps, 16-byte stores, one
+CTA per SM; the model has no term for the other knobs) become `xstage.model.data.Observations`.
+Configurations (path, n_sm, burst_bytes) are sorted and every `HOLDOUT_EVERY`-th one (starting at
+the second) is held out; `xstage.model.fit.fit_path` fits the rest (with bootstrap intervals) and
+the held-out CTA-median issue times are predicted and compared (relative error, every
+configuration weighing equally, as `xstage.model.fit.evaluate_loco` does).
+
+Example:
+    result = analyse("benchmarks/results/h200-host-probe", bootstrap=20)
+    print(result["text"])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from xstage.bench.report import markdown_table
+from xstage.errors import InputError
+from xstage.probe.analysis import experiments, plot_experiments, read_summary, summarise_dir
+
+HOLDOUT_EVERY = 4
+DEFAULT_KNOBS = {"warps": 8, "vector_bytes": 16, "ctas_per_sm": 1}
+FIT_SWEEPS = ("first", "periodic", "twoburst", "completion")
+
+
+def _fit_rows(summary: list[dict], path: str) -> list[dict]:
+    return [r for r in summary if r["path"] == path and r["sweep"] in FIT_SWEEPS
+            and all(int(r[k]) == v for k, v in DEFAULT_KNOBS.items())]
+
+
+def holdout_split(configs: list[tuple]) -> tuple[list[tuple], list[tuple]]:
+    """(calibration, held-out) configurations: every HOLDOUT_EVERY-th of the sorted list, from the second."""
+    configs = sorted(configs)
+    held = [c for i, c in enumerate(configs) if i % HOLDOUT_EVERY == 1]
+    return [c for c in configs if c not in held], held
+
+
+def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, structure: str | None = None) -> dict:
+    """Fit the calibration configurations of `path` and predict the held-out ones (see module doc)."""
+    from xstage.model.data import observations_from_rows
+    from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
+    from xstage.model.predict import predict_rows
+
+    rows = _fit_rows(summary, path)
+    if not rows:
+        raise InputError(f"fit: no summary rows of path {path} with the default kernel shape {DEFAULT_KNOBS}")
+    obs = observations_from_rows(rows, source=f"probe {path}")
+    keys = obs.config_keys()
+    calib, held = holdout_split(obs.configs())
+    m_held = np.array([k in set(held) for k in keys])
+    res = fit_path(obs.select(~m_held), structure=structure or DEFAULT_STRUCTURE, bootstrap=bootstrap)
+    test = obs.select(m_held)
+    pred, _ = predict_rows(res.params, test)
+    rel = pred / test.issue_med - 1.0
+    cnt: dict = {}
+    for k in test.config_keys():
+        cnt[k] = cnt.get(k, 0) + 1
+    w = np.array([1.0 / cnt[k] for k in test.config_keys()])
+    per_cfg = []
+    for cfg in held:
+        m = np.array([k == cfg for k in test.config_keys()])
+        per_cfg.append({"n_sm": cfg[1], "burst_bytes": cfg[2], "rows": int(m.sum()),
+                        "median_rel_error": float(np.median(np.abs(rel[m]))),
+                        "measured_ns": float(np.median(test.issue_med[m])),
+                        "predicted_ns": float(np.median(pred[m]))})
+    return {
+        "path": path, "structure": res.structure, "params": res.params.to_dict(),
+        "fitted": list(res.fitted), "identified": res.identified, "rel_se": res.rel_se,
+        "intervals": {k: list(v) for k, v in res.intervals.items()}, "bootstrap": bootstrap,
+        "fit_residuals": res.residuals, "cross_checks": res.cross_checks,
+        "calibration_configs": len(calib), "heldout_configs": len(held),
+        "heldout_median_rel_error": weighted_quantile(np.abs(rel), w, 0.5),
+        "heldout_p90_rel_error": weighted_quantile(np.abs(rel), w, 0.9),
+        "heldout": per_cfg,
+        "points": [{"measured_ns": float(a), "predicted_ns": float(b), "burst_index": int(i), "n_sm": int(n)}
+                   for a, b, i, n in zip(test.issue_med, pred, test.burst_lo, test.n_sm)],
+    }
+
+
+def _plot_heldout(fit: dict, out_dir: Path) -> Path:
+    from xstage.bench.plots import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    meas = np.array([p["measured_ns"] for p in fit["points"]])
+    pred = np.array([p["predicted_ns"] for p in fit["points"]])
+    ax.loglog(meas, pred, "o", ms=3, alpha=0.6)
+    lo, hi = float(min(meas.min(), pred.min())), float(max(meas.max(), pred.max()))
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xlabel("measured CTA-median issue time (ns)")
+    ax.set_ylabel("model (ns)")
+    ax.set_title(f"held-out configurations, path {fit['path']}: median |err| "
+                 f"{100 * fit['heldout_median_rel_error']:.1f}%")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    out = out_dir / "plots" / "heldout_model_vs_measured.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _fmt_params(fit: dict) -> list[dict]:
+    rows = []
+    for name in fit["fitted"]:
+        v = fit["params"][name]
+        lo, hi = fit["intervals"].get(name, (math.nan, math.nan))
+        rows.append({"parameter": name, "value": v, "ci95_low": lo, "ci95_high": hi,
+                     "identified": fit["identified"].get(name)})
+    return rows
+
+
+def _markdown(exp: dict, fit: dict | None, fit_error: str | None, env: dict, run: dict) -> str:
+    lines = ["# X-Stage probe summary", ""]
+    lines.append(f"GPU {env.get('gpu', '?')}, driver {env.get('driver', '?')}, torch {env.get('torch', '?')}, "
+                 f"triton {env.get('triton', '?')}, xstage {env.get('git_commit', '?')}, date {env.get('date', '?')}.")
+    if run.get("timing"):
+        lines.append(f"Path peer: {run['timing']}.")
+    lines.append("")
+    if "first" in exp:
+        lines += ["## First-burst issue time (CTA median, median of launches)", "",
+                  markdown_table(exp["first"], ["n_sm", "burst_bytes", "issue_ns", "issue_p90_ns", "agg_GBps"]), ""]
+    if "periodic" in exp:
+        lines += ["## Periodic bursts", "", markdown_table(
+            exp["periodic"], ["n_sm", "burst_bytes", "gap_iters", "gap_ns", "issue0_ns", "onset_index",
+                              "steady_ns"]), ""]
+    if "twoburst" in exp:
+        lines += ["## Two bursts vs gap (model: slope -1 while the second burst is backpressured)", "",
+                  markdown_table(exp["twoburst"], ["n_sm", "burst_bytes", "issue0_ns", "points_backpressured",
+                                                   "slope", "r2", "recovery_gap_ns"]), ""]
+    if "completion" in exp:
+        lines += ["## Completion (fence.sc.sys after one burst): line through (aggregate bytes, time)", "",
+                  markdown_table(exp["completion"], ["n_sm", "drain_Bps", "latency_ns"]), ""]
+    if "knobs" in exp:
+        lines += ["## Kernel shape (warps, store width, CTAs per SM)", "", markdown_table(
+            exp["knobs"], ["n_sm", "burst_bytes", "warps", "vector_bytes", "ctas_per_sm", "issue_ns",
+                           "agg_GBps"]), ""]
+    if "peers" in exp:
+        lines += ["## One peer vs all peers", "", markdown_table(
+            exp["peers"], ["peer_mode", "n_sm", "burst_bytes", "n_bursts", "issue0_ns", "steady_ns"]), ""]
+    lines += ["## Model fit and held-out check", ""]
+    if fit is None:
+        lines.append(f"Not fitted: {fit_error}")
+    else:
+        lines += [f"Structure `{fit['structure']}`, {fit['calibration_configs']} calibration configurations, "
+                  f"{fit['heldout_configs']} held out (every {HOLDOUT_EVERY}th), {fit['bootstrap']} bootstrap "
+                  "rounds.", "", markdown_table(_fmt_params(fit), ["parameter", "value", "ci95_low", "ci95_high",
+                                                                  "identified"], floatfmt=".4g"), "",
+                  f"Held-out median relative error of the CTA-median issue time: "
+                  f"**{100 * fit['heldout_median_rel_error']:.1f}%** "
+                  f"(p90 {100 * fit['heldout_p90_rel_error']:.1f}%); on the calibration set "
+                  f"{100 * fit['fit_residuals']['issue_median_rel']:.1f}%.", "",
+                  markdown_table(fit["heldout"], ["n_sm", "burst_bytes", "rows", "measured_ns", "predicted_ns",
+                                                  "median_rel_error"]), "",
+                  "Cross-checks: " + ", ".join(f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}"
+                                               for k, v in fit["cross_checks"].items()), ""]
+    return "\n".join(lines)
+
+
+def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None) -> dict:
+    """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc."""
+    out_dir = Path(out_dir)
+    if list((out_dir / "raw").glob("*.csv")):
+        summarise_dir(out_dir)
+        summary = read_summary(out_dir / "summary.csv")
+    elif (out_dir / "summary.csv").exists():
+        summary = read_summary(out_dir / "summary.csv")
+    else:
+        raise InputError(f"-o {out_dir}: holds neither raw/*.csv nor summary.csv")
+    if not summary:
+        raise InputError(f"-o {out_dir}: no measurements")
+    run = json.loads((out_dir / "run.json").read_text()) if (out_dir / "run.json").exists() else {}
+    path = path or summary[0]["path"]
+    exp = experiments(summary)
+    (out_dir / "experiments.json").write_text(json.dumps(exp, indent=1, default=str))
+    plots = [str(p) for p in plot_experiments(exp, out_dir)]
+    fit_res, fit_error = None, None
+    if fit:
+        try:
+            fit_res = fit_and_check(summary, path, bootstrap=bootstrap)
+        except (InputError, ImportError) as exc:
+            fit_error = str(exc)
+    if fit_res is not None:
+        (out_dir / "fit.json").write_text(json.dumps(fit_res, indent=1, default=str))
+        plots.append(str(_plot_heldout(fit_res, out_dir)))
+    env = {k: summary[0].get(k, "") for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
+    md = _markdown(exp, fit_res, fit_error, env, run)
+    (out_dir / "summary.md").write_text(md)
+    text = [f"probe {path}: {len(summary)} summary rows in {out_dir}"]
+    if fit_res is not None:
+        p = fit_res["params"]
+        text.append(f"fit ({fit_res['structure']}): r0 {_g(p['r0'])} B/s, drain {_g(p['drain'])} B/s, "
+                    f"c_sm {_g(p['c_sm'])} B, capacity {_g(p['capacity'])} B; held-out median error "
+                    f"{100 * fit_res['heldout_median_rel_error']:.1f}%")
+    elif fit:
+        text.append(f"not fitted: {fit_error}")
+    text.append(f"wrote summary.csv, experiments.json, summary.md and {len(plots)} plots")
+    return {"out": str(out_dir), "path": path, "summary_rows": len(summary), "experiments": exp,
+            "fit": fit_res, "fit_error": fit_error, "plots": plots, "text": "\n".join(text)}
+
+
+def _g(v) -> str:
+    return v if isinstance(v, str) else f"{v:.4g}"

@@ -1,0 +1,162 @@
+"""Run sweeps into an output folder: resumable, sliceable, one long-format CSV per sweep.
+
+Layout of `out_dir`:
+
+    raw/<sweep>.csv    long format (`xstage.model.data.LONG_COLUMNS`), one row per CTA per burst
+    raw/<sweep>.done   one line per finished configuration: its label and its launch ids
+    run.json           environment, SM ids used, the cycles-to-ns ratio, and what was run
+
+A configuration whose label is in the `.done` file is skipped, so an interrupted run continues
+where it stopped; `only` (`--only key=v1,v2`, any `BurstConfig` field or `sweep`) runs a slice.
+Each configuration runs one untimed warm-up launch (compilation, first touch of host pages), then
+`repeats` recorded launches whose rows are written together. Launch ids are unique in the folder.
+
+On path `peer` every rank runs the same plan in step (a barrier before each launch); rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from xstage.bench.grid import select
+from xstage.bench.results import ResultWriter
+from xstage.comm import create_context
+from xstage.env import environment
+from xstage.errors import InputError
+from xstage.model.data import LONG_COLUMNS
+from xstage.probe.runner import BurstConfig, dest_elems, launch, rows_from_launch
+from xstage.probe.sweeps import REPEATS, plan
+
+LOOPBACK_WORLD = 2
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def _done(path: Path) -> dict[str, list[int]]:
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        label, _, ids = line.partition(" ")
+        if label:
+            out[label] = [int(i) for i in ids.split(",") if i]
+    return out
+
+
+def _next_launch(raw_dir: Path) -> int:
+    ids = [i for f in raw_dir.glob("*.done") for v in _done(f).values() for i in v]
+    for f in raw_dir.glob("*.csv"):
+        with f.open("rb") as fh:
+            fh.seek(max(0, f.stat().st_size - 4096))
+            tail = fh.read().decode(errors="replace").splitlines()
+        for line in reversed(tail[1:] if len(tail) > 1 else []):
+            parts = line.split(",")
+            if len(parts) == len(LONG_COLUMNS):
+                try:
+                    ids.append(int(parts[LONG_COLUMNS.index("launch")]))
+                    break
+                except ValueError:
+                    continue
+    return max(ids, default=-1) + 1
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.n, self.t0 = total, enabled, 0, time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.n += 1
+        if self.enabled:
+            el = time.monotonic() - self.t0
+            bar = "#" * int(30 * self.n / max(1, self.total))
+            sys.stderr.write(f"\r[{bar:<30}] {self.n}/{self.total} {el:5.0f}s {text[:60]:<60}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | None = None,
+            progress: bool = True, group=None) -> dict:
+    """Run `sweeps` on `path` into `out_dir`; returns what `run.json` records."""
+    out_dir = Path(out_dir)
+    raw_dir = out_dir / "raw"
+    if path == "peer":
+        ctx = create_context(group, path="peer")
+    else:
+        ctx = create_context(path=path, loopback_world=LOOPBACK_WORLD, rank=0)
+    with ctx:
+        if ctx.device.type != "cuda":
+            raise InputError("xstage probe: needs a CUDA GPU (in the CPU interpreter every timer reads 0)")
+        sm_count = _sm_count(ctx.device)
+        planned = plan(sweeps, path, sm_count)
+        keyed = [{"sweep": s, **c.fields()} for s, c in planned]
+        chosen = select(keyed, only)
+        todo = [(d["sweep"], BurstConfig(**{k: v for k, v in d.items() if k != "sweep"})) for d in chosen]
+        writer_rank = ctx.rank == 0
+        raw_dir.mkdir(parents=True, exist_ok=True)
+        done = {s: _done(raw_dir / f"{s}.done") for s in sweeps}
+        todo = [(s, c) for s, c in todo if c.label() not in done[s]]
+        next_id = _next_launch(raw_dir)
+        if ctx.world > 1 and path == "peer":
+            import torch.distributed as dist
+
+            agreed = [next_id]
+            dist.broadcast_object_list(agreed, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
+            next_id = agreed[0]
+        info = {"path": path, "sweeps": sweeps, "only": only or [], "sm_count": sm_count, "world": ctx.world,
+                "env": environment(), "configs_run": 0, "configs_skipped": len(chosen) - len(todo),
+                "sm_ids_used": {}, "ns_per_cycle_median": None}
+        if path == "peer":
+            shared = ctx.world > torch.cuda.device_count()
+            info["timing"] = "not a timing (ranks share a GPU)" if shared else "timing"
+        if not todo:
+            return info
+        elems = max(dest_elems(c, ctx.world) for _, c in todo)
+        dest = ctx.alloc("probe_dst", (elems,), torch.int32)
+        env = dict(environment())
+        # A copied source tree has no git metadata; the launcher may name the commit it copied.
+        env["git_commit"] = os.environ.get("XSTAGE_GIT_COMMIT", env["git_commit"])
+        info["env"] = env
+        writers: dict[str, ResultWriter] = {}
+        ratios = []
+        bar = _Progress(len(todo), progress and writer_rank)
+        for sweep, cfg in todo:
+            bar.step(f"{sweep} {cfg.label()}")
+            ctx.barrier()
+            launch(ctx, dest, cfg)
+            rows, ids = [], []
+            for _ in range(repeats or REPEATS[sweep]):
+                ctx.barrier()
+                raw = launch(ctx, dest, cfg)
+                rows += rows_from_launch(cfg, raw, next_id)
+                ids.append(next_id)
+                next_id += 1
+                ratios.append(float(np.median(raw.ns_per_cycle())))
+                info["sm_ids_used"][cfg.label()] = len(raw.sm_ids())
+            ctx.check()
+            if writer_rank:
+                if sweep not in writers:
+                    writers[sweep] = ResultWriter(raw_dir / f"{sweep}.csv", LONG_COLUMNS,
+                                                  ["launch", "cta", "burst_index"], env=env)
+                writers[sweep].write_many(rows)
+                with (raw_dir / f"{sweep}.done").open("a") as f:
+                    f.write(f"{cfg.label()} {','.join(map(str, ids))}\n")
+            info["configs_run"] += 1
+        bar.close()
+        info["ns_per_cycle_median"] = float(np.median(ratios))
+        if writer_rank:
+            (out_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
+        return info
