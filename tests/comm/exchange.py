@@ -19,7 +19,7 @@ def exchange_kernel(p_table, p_recv, p_src, p_pad_table, p_pad, p_err, p_ok, ran
     o_elem = i_blk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)          # [BLOCK]
     m_elem = o_elem < n_elem
     b_src = tl.load(p_src + o_elem, mask=m_elem)
-    p_dst = peer_ptr(p_table, peer, p_recv) + rank.to(tl.int64) * n_elem
+    p_dst = peer_ptr(p_table, peer, p_recv) + tl.cast(rank, tl.int64) * n_elem
     store_tile(p_dst, o_elem, b_src, m_elem, VEC)
     signal_release(peer_ptr(p_pad_table, peer, p_pad) + rank * 64 + i_blk, epoch)
     ok = wait_acquire(p_pad + peer * 64 + i_blk, epoch, timeout_ns, p_err, code, WAIT, USE_PTX)

@@ -139,13 +139,11 @@ def wait_acquire(p_flag, expected, timeout_ns, p_err, code, WAIT: tl.constexpr, 
             if USE_PTX:
                 elapsed = globaltimer(USE_PTX) - t_start
             else:
-                elapsed = n_poll.to(tl.int64) * NS_PER_POLL_FALLBACK
+                elapsed = tl.cast(n_poll, tl.int64) * NS_PER_POLL_FALLBACK
             if (v < expected) & (elapsed > timeout_ns):
-                tl.atomic_cas(p_err, 0, code, sem="relaxed", scope="sys")
+                tl.atomic_cas(p_err, tl.full([], 0, tl.int32), tl.cast(code, tl.int32), sem="relaxed", scope="sys")
                 tl.atomic_add(p_err + 1, 1, sem="relaxed", scope="sys")
-                err = 1
-            else:
-                err = tl.load(p_err, volatile=True)
+            err = tl.load(p_err, volatile=True)
     tl.debug_barrier()
     return v >= expected
 
