@@ -245,6 +245,15 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
+_LAST_KERNEL: list = [None]
+
+
+def last_kernel():
+    """The compiled kernel of the last `flash_attention` launch (None in the interpreter): its
+    `.asm` holds the PTX and cubin, for checking the instructions Triton chose."""
+    return _LAST_KERNEL[0]
+
+
 @dataclass(frozen=True)
 class Exchange:
     """Where the epilogue sends each output row (see `xstage.attention.ulysses`).
@@ -334,7 +343,7 @@ def flash_attention(
         ex_args = (e.dst_table, e.row0, e.batch_stride, e.row_stride, e.head_stride, e.head_offset,
                    e.sig_table, e.sig_like)
         o_strides = (0, 0, 0)
-    _attn_fwd_kernel[(grid,)](
+    _LAST_KERNEL[0] = _attn_fwd_kernel[(grid,)](
         *args_qkv, out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *o_strides,

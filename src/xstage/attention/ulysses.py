@@ -68,6 +68,7 @@ class FusedState:
     wait_table: torch.Tensor
     wait_expected: torch.Tensor
     wait_peers: torch.Tensor
+    stage: object = None  # SymmBuffer: the serial exchange's receive buffers (allocated on first use)
 
     def own_output(self) -> torch.Tensor:
         s = self.plan.seq_lens[self.plan.rank]
@@ -246,8 +247,9 @@ def ulysses_attention(
         flash_attention(qg, kg, vg, softmax_scale=softmax_scale, out=og, config=cfg)
         out = torch.empty_like(q)
         if ctx is not None and ctx.loopback:
-            serial_loopback_exchange(plan, og, fused_state(ctx, plan, q.dtype, cfg.block_m).out)
-            out.copy_(fused_state(ctx, plan, q.dtype, cfg.block_m).own_output())
+            state = fused_state(ctx, plan, q.dtype, cfg.block_m)
+            serial_loopback_exchange(plan, og, state, ctx)
+            out.copy_(state.own_output())
         else:
             import torch.distributed as dist
 
@@ -260,13 +262,37 @@ def ulysses_attention(
     return out
 
 
-def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, out_buf) -> None:
-    """The serial exchange on a loopback group: copy each rank's rows of `og` into its buffer."""
-    h0, h1 = plan.head0[plan.rank], plan.head0[plan.rank + 1]
+def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedState, ctx, *,
+                             unpack: bool = True) -> None:
+    """The serial exchange on a loopback group, as an all-to-all would do it.
+
+    Sender side: this rank's own rows go into its output; every other rank's rows (one contiguous
+    `[S_p, B, h_r, D]` chunk of the sequence-major `og`) are copied into that rank's receive buffer
+    on the path. With `unpack`, also what each receiver does next: move the chunk into its output."""
+    r = plan.rank
+    h0, h1 = plan.head0[r], plan.head0[r + 1]
     tok0 = plan.tok0
+    stage = _stage_buffer(state, ctx)
     for p in range(plan.world):
-        if tok0[p + 1] > tok0[p]:
-            out_buf.peers[p][:, :plan.seq_lens[p], h0:h1].copy_(og[:, tok0[p]:tok0[p + 1]], non_blocking=True)
+        if tok0[p + 1] == tok0[p]:
+            continue
+        rows = og[:, tok0[p]:tok0[p + 1]]
+        if p == r:
+            state.out.local[:, :plan.seq_lens[p], h0:h1].copy_(rows)
+            continue
+        chunk = rows.transpose(0, 1)
+        staged = stage.peers[p][:chunk.numel()].view(chunk.shape)
+        staged.copy_(chunk if chunk.is_contiguous() else chunk.contiguous(), non_blocking=True)
+        if unpack:
+            state.out.peers[p][:, :plan.seq_lens[p], h0:h1].copy_(staged.transpose(0, 1))
+
+
+def _stage_buffer(state: FusedState, ctx):
+    if state.stage is None:
+        plan = state.plan
+        numel = plan.batch * max(plan.seq_lens) * plan.heads * plan.head_dim
+        state.stage = ctx.alloc(state.out.name.removesuffix(".out") + ".stage", (numel,), state.out.local.dtype)
+    return state.stage
 
 
 class UlyssesAttention(torch.nn.Module):

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 
-BENCH_MODULES: list[str] = []
+BENCH_MODULES: list[str] = [
+    "xstage.bench.ulysses",
+]
 
 
 def add_grid_options(p) -> None:

@@ -1,0 +1,393 @@
+"""`xstage bench ulysses`: fused Ulysses attention against its serial baselines on one GPU (loopback).
+
+Problem: how much of the post-attention all-to-all does the fused kernel hide, per shape and group
+size? The GPU plays rank 0 of P ranks (`xstage.comm` loopback): the other ranks' output buffers live
+on `--path` (`host`: pinned host memory over PCIe, `hbm`: device memory), so the fused kernel's
+remote stores cross a real link with a real X-Stage.
+
+Variants per configuration (heads x dim, total tokens, P), all on rank 0's share of the work
+(its heads over the whole sequence, after the pre-attention all-to-all):
+- `attention`: the Triton kernel alone, output to local memory;
+- `serial_triton`: the same kernel, then the exchange (copies of each rank's rows to its buffer);
+- `serial_cudnn`: cuDNN SDPA (torch), then the same exchange;
+- `fused`: the kernel with the exchange in its epilogue; sender-visible = the kernel, receiver-
+  visible = the kernel plus the wait for every destination's counters.
+Each row has sender- and receiver-visible medians (ns), TFLOP/s of the attention work, and whether
+every destination received exactly the attention output. The summary adds ratios and, where
+`xstage.model` provides a host-path profile, the Burst-Gap model's predicted exchange cost.
+
+Example:
+    xstage bench ulysses -o benchmarks/results/h200-ulysses --only P=2 --only tokens=4608
+    xstage bench ulysses -o /tmp/core --core          # attention core vs cuDNN SDPA, a few configs
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from xstage.bench.commands import add_grid_options
+from xstage.bench.grid import select
+from xstage.bench.results import ResultWriter, read_rows
+from xstage.bench.timing import time_device
+from xstage.errors import InputError
+
+GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
+GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
+GRID_WORLDS = (2, 4, 8)
+VARIANTS = ("attention", "serial_triton", "serial_cudnn", "fused")
+KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
+COLUMNS = KEY_COLUMNS + ["rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
+                         "tiles", "tile_bytes", "remote_bytes", "sender_ns", "receiver_ns", "p10_ns", "p90_ns",
+                         "tflops", "exchange_ok"]
+CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n", "num_warps", "num_stages",
+                "ctas_per_sm", "tma", "time_ns", "tflops", "ratio_vs_cudnn", "rel_err", "sass"]
+
+
+def grid_configs():
+    return [{"heads": h, "dim": d, "tokens": t, "P": p}
+            for (h, d) in GRID_SHAPES for t in GRID_TOKENS for p in GRID_WORLDS]
+
+
+def attention_flops(batch: int, s_q: int, s_k: int, heads: int, dim: int) -> float:
+    """Multiply-adds of QK^T and PV, counted as 2 FLOPs each."""
+    return 4.0 * batch * s_q * s_k * heads * dim
+
+
+def _sdpa_cudnn(qg, kg, vg):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        return torch.nn.functional.scaled_dot_product_attention(
+            qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2)).transpose(1, 2)
+
+
+def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None) -> list[dict]:
+    """Rows for every variant of one configuration (rank `rank` of a loopback group of P)."""
+    from xstage.attention.flash import default_config, flash_attention
+    from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
+    from xstage.attention.ulysses import fused_state, loopback_gather, run_fused, serial_loopback_exchange, wait_fused
+    from xstage.comm import create_context
+
+    H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dtype = torch.bfloat16
+    plan = UlyssesPlan(P, rank, 1, split_sizes(T, P), H, D)
+    fc = flash_cfg or default_config(D, dtype, dev)
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    h = h1 - h0
+    g = torch.Generator(device=dev).manual_seed(0)
+    local = [torch.randn(1, plan.seq_lens[rank], H, D, generator=g, device=dev, dtype=dtype) for _ in range(3)]
+    # the receive buffer of the pre-attention all-to-all, [S, 3, B, h, D], filled as peers would
+    recv = torch.empty(T, 3, 1, h, D, dtype=dtype, device=dev)
+    for i, t in enumerate(local):
+        recv[:, i].copy_(loopback_gather(plan, t)[:, :, h0:h1].transpose(0, 1))
+    del local
+    qg, kg, vg = unpack_qkv(plan, recv.view(-1))
+    og = empty_gathered_out(plan, dtype, dev)
+    ctx = create_context(path=path, loopback_world=P, rank=rank, device=dev)
+    state = fused_state(ctx, plan, dtype, fc.block_m)
+    n_m = math.ceil(T / fc.block_m)
+    tiles = h * n_m
+    grid = min(tiles, torch.cuda.get_device_properties(dev).multi_processor_count * max(fc.ctas_per_sm, 1))
+    flops = attention_flops(1, T, T, h, D)
+    common = {**cfg, "path": path, "rank": rank, "rank_heads": h, "block_m": fc.block_m, "block_n": fc.block_n,
+              "num_warps": fc.num_warps, "num_stages": fc.num_stages, "grid": grid, "tiles": tiles,
+              "tile_bytes": fc.block_m * D * 2,
+              "remote_bytes": (T - plan.seq_lens[rank]) * h * D * 2}
+
+    def attention():
+        flash_attention(qg, kg, vg, out=og, config=fc)
+
+    def serial_triton(unpack=False):
+        attention()
+        serial_loopback_exchange(plan, og, state, ctx, unpack=unpack)
+
+    def serial_cudnn():
+        serial_loopback_exchange(plan, _sdpa_cudnn(qg, kg, vg), state, ctx, unpack=False)
+
+    def fused_send():
+        run_fused(state, ctx, qg, kg, vg, config=fc, wait=False)
+
+    def fused_recv():
+        run_fused(state, ctx, qg, kg, vg, config=fc)
+
+    def exchange_matches() -> bool:
+        torch.cuda.synchronize()
+        ok = True
+        for p in range(P):
+            rows = slice(plan.tok0[p], plan.tok0[p + 1])
+            got = state.out.peers[p][:, :plan.seq_lens[p], h0:h1].to(dev)
+            ok &= bool(torch.equal(got, og[:, rows]))
+        return ok
+
+    rows = []
+    attention()
+    for variant in VARIANTS:
+        if variant == "fused":
+            for t in state.out.peers:
+                t.fill_(float("nan"))
+            fused_recv()
+            ok = exchange_matches()
+            send = time_device(fused_send, warmup=warmup, rep=rep, sync=lambda: wait_fused(state, ctx))
+            torch.cuda.synchronize()
+            state.sig.zero_()
+            recv_t = time_device(fused_recv, warmup=warmup, rep=rep)
+            ctx.check()
+            rows.append({**common, "variant": variant, "sender_ns": send.median_ns, "receiver_ns": recv_t.median_ns,
+                         "p10_ns": recv_t.p10_ns, "p90_ns": recv_t.p90_ns, "tflops": flops / send.median_ns / 1e3,
+                         "exchange_ok": int(ok)})
+            continue
+        fn = {"attention": attention, "serial_triton": serial_triton, "serial_cudnn": serial_cudnn}[variant]
+        try:
+            t = time_device(fn, warmup=warmup, rep=rep)
+        except RuntimeError as e:  # cuDNN may refuse a layout: the row says so instead of the grid dying
+            rows.append({**common, "variant": variant, "exchange_ok": f"error: {str(e)[:80]}"})
+            continue
+        ok = ""
+        if variant == "serial_triton":
+            for tt in state.out.peers:
+                tt.fill_(float("nan"))
+            serial_triton(unpack=True)
+            ok = int(exchange_matches())
+        rows.append({**common, "variant": variant, "sender_ns": t.median_ns, "receiver_ns": t.median_ns,
+                     "p10_ns": t.p10_ns, "p90_ns": t.p90_ns, "tflops": flops / t.median_ns / 1e3, "exchange_ok": ok})
+    ctx.close()
+    return rows
+
+
+def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None) -> Path:
+    """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
+    `max_seconds` (the file is resumable)."""
+    if not torch.cuda.is_available():
+        raise InputError("bench ulysses: needs a CUDA GPU")
+    out = Path(out_dir)
+    writer = ResultWriter(out / "ulysses.csv", COLUMNS, KEY_COLUMNS)
+    t_start = time.monotonic()
+    for cfg in select(grid_configs(), only):
+        if writer.done({**cfg, "path": path, "variant": VARIANTS[-1]}):
+            continue
+        if max_seconds is not None and time.monotonic() - t_start > max_seconds:
+            print(f"bench ulysses: stopping after {max_seconds} s; run again to resume")
+            break
+        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=flash_cfg)
+        for row in rows:
+            if not writer.done(row):
+                writer.write(row)
+        fused = rows[-1]
+        print(f"H{cfg['heads']}xD{cfg['dim']} T={cfg['tokens']} P={cfg['P']}: "
+              + " ".join(f"{r['variant']}={r.get('sender_ns', float('nan')) / 1e3:.1f}us" for r in rows)
+              + f" fused_recv={fused['receiver_ns'] / 1e3:.1f}us ok={fused['exchange_ok']}", flush=True)
+    return out / "ulysses.csv"
+
+
+def core_configs():
+    from xstage.attention.flash import FlashConfig
+
+    return [FlashConfig(128, 128, 8, 3, 1, True), FlashConfig(128, 128, 8, 3, 1, False),
+            FlashConfig(128, 128, 8, 3, 0, True), FlashConfig(128, 128, 8, 2, 1, True),
+            FlashConfig(128, 64, 8, 3, 1, True), FlashConfig(128, 64, 4, 3, 1, True),
+            FlashConfig(64, 128, 4, 3, 1, True), FlashConfig(128, 128, 4, 3, 1, True)]
+
+
+def run_core(out_dir, *, shapes=((16384, 24, 128),), configs=None, warmup=3, rep=20, layouts=("bshd",)) -> Path:
+    """Attention core (one head group over the whole sequence) against cuDNN SDPA, per config."""
+    from xstage.attention.flash import flash_attention
+
+    if not torch.cuda.is_available():
+        raise InputError("bench ulysses --core: needs a CUDA GPU")
+    writer = ResultWriter(Path(out_dir) / "core.csv", CORE_COLUMNS, CORE_COLUMNS[:11])
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for (S, H, D) in shapes:
+        g = torch.Generator(device=dev).manual_seed(0)
+        qkv = torch.randn(3, 1, H, S, D, generator=g, device=dev, dtype=torch.bfloat16)
+        q4, k4, v4 = qkv[0], qkv[1], qkv[2]  # [B, H, S, D] for SDPA
+        flops = attention_flops(1, S, S, H, D)
+        args4 = (q4.transpose(1, 2), k4.transpose(1, 2), v4.transpose(1, 2))
+        cud = time_device(lambda a=args4: _sdpa_cudnn(*a), warmup=warmup, rep=rep)
+        ref = _sdpa_cudnn(*args4).float()
+        base = {"tokens": S, "heads": H, "dim": D}
+        writer.write({**base, "layout": "bhsd", "impl": "cudnn_sdpa", "time_ns": cud.median_ns,
+                      "tflops": flops / cud.median_ns / 1e3, "ratio_vs_cudnn": 1.0})
+        print(f"S={S} H={H} D={D}: cudnn {flops / cud.median_ns / 1e3:.0f} TFLOP/s", flush=True)
+        for layout in layouts:
+            if layout == "bshd":
+                q, k, v = (t.transpose(1, 2).contiguous() for t in (q4, k4, v4))
+            else:  # the gathered Ulysses layout [S, 3, B, h, D]
+                buf = torch.stack([t.transpose(1, 2) for t in (q4, k4, v4)], dim=0).permute(2, 0, 1, 3, 4).contiguous()
+                q, k, v = (buf[:, i].transpose(0, 1) for i in range(3))
+            for c in configs or core_configs():
+                row = {**base, "layout": layout, "impl": "triton", "block_m": c.block_m, "block_n": c.block_n,
+                       "num_warps": c.num_warps, "num_stages": c.num_stages, "ctas_per_sm": c.ctas_per_sm,
+                       "tma": int(bool(c.use_tma))}
+                try:
+                    out = flash_attention(q, k, v, config=c)
+                    err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+                    t = time_device(lambda c=c, a=(q, k, v): flash_attention(*a, config=c), warmup=warmup, rep=rep)
+                    sass = sass_summary()
+                except Exception as e:  # a config that does not compile (e.g. shared memory) is a result too
+                    print(f"  {layout} {c}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                tf = flops / t.median_ns / 1e3
+                ratio = cud.median_ns / t.median_ns
+                writer.write({**row, "time_ns": t.median_ns, "tflops": tf, "ratio_vs_cudnn": ratio, "rel_err": err,
+                              "sass": sass})
+                print(f"  {layout} BM{c.block_m} BN{c.block_n} w{c.num_warps} s{c.num_stages} "
+                      f"cta{c.ctas_per_sm} tma{int(bool(c.use_tma))}: {tf:.0f} TFLOP/s "
+                      f"({ratio:.1%} of cuDNN), rel err {err:.1e}, {sass}", flush=True)
+    return Path(out_dir) / "core.csv"
+
+
+def sass_summary() -> str:
+    """Instruction counts of the last compiled attention kernel: HGMMA (Hopper warpgroup MMA), the
+    PTX `wgmma` it came from, TMA loads (`UTMALDG`) and spills ('-' where the tools are missing)."""
+    from xstage.attention.flash import last_kernel
+
+    kernel = last_kernel()
+    if kernel is None:
+        return "-"
+    parts = []
+    ptx = kernel.asm.get("ptx", "")
+    parts.append(f"ptx wgmma={ptx.count('wgmma.mma_async')}")
+    try:
+        from triton.tools.disasm import get_sass
+
+        sass = get_sass(kernel.asm["cubin"])
+        parts.append(f"HGMMA={sass.count('HGMMA')} UTMALDG={sass.count('UTMALDG')} STL={sass.count('STL')}")
+    except Exception as e:  # cuobjdump may be absent on the machine
+        parts.append(f"sass unavailable ({type(e).__name__})")
+    n_spills = getattr(kernel, "n_spills", None)
+    if n_spills is not None:
+        parts.append(f"spills={n_spills} regs={getattr(kernel, 'n_regs', '?')}")
+    return " ".join(parts)
+
+
+def write_report(out_dir) -> Path:
+    """summary.md and plots from `ulysses.csv` (and `core.csv` when present)."""
+    from xstage.bench.plots import plot_lines
+    from xstage.bench.report import markdown_table
+
+    out = Path(out_dir)
+    if not (out / "ulysses.csv").exists() and not (out / "core.csv").exists():
+        raise InputError(f"--out {out}: has neither ulysses.csv nor core.csv; run the grid first")
+    rows = read_rows(out / "ulysses.csv") if (out / "ulysses.csv").exists() else []
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        by_key.setdefault((r["heads"], r["dim"], r["tokens"], r["P"], r["path"]), {})[r["variant"]] = r
+    table = []
+    for (H, D, T, P, path), v in sorted(by_key.items(), key=lambda kv: tuple(int(x) for x in kv[0][:4])):
+        f, a, s, c = (v.get(n) for n in ("fused", "attention", "serial_triton", "serial_cudnn"))
+        if not (f and a and s and f.get("sender_ns")):
+            continue
+
+        def num(row, col):
+            try:
+                return float(row[col]) if row and row.get(col) not in (None, "") else float("nan")
+            except ValueError:
+                return float("nan")
+
+        fs, fr, at, st, ct = (num(f, "sender_ns"), num(f, "receiver_ns"), num(a, "sender_ns"),
+                              num(s, "sender_ns"), num(c, "sender_ns"))
+        pred = predicted_exchange_ns(f)
+        table.append({"heads x dim": f"{H}x{D}", "tokens": int(T), "P": int(P), "path": path,
+                      "attn_us": at / 1e3, "fused_send_us": fs / 1e3, "fused_recv_us": fr / 1e3,
+                      "serial_us": st / 1e3, "serial_cudnn_us": ct / 1e3,
+                      "serial/fused": st / fr, "fused/attn": fr / at,
+                      "exchange_meas_us": (fr - at) / 1e3, "exchange_model_us": pred / 1e3,
+                      "fused_TFLOPs": num(f, "tflops"), "ok": f["exchange_ok"]})
+    lines = ["# Ulysses attention: fused exchange vs serial (one GPU, loopback)", ""]
+    if rows:
+        env = rows[0]
+        lines += [f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
+                  f"triton {env.get('triton')}, commit {env.get('git_commit')}, {env.get('date')}.", "",
+                  "Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
+                  "batch 1. Times are medians of CUDA-event timed runs. `serial/fused` uses the fused "
+                  "receiver-visible time; `exchange_meas` = fused receiver-visible - attention alone; "
+                  "`exchange_model` = Burst-Gap prediction of the exchange's exposed cost ('-' where no "
+                  "model profile was available). `ok` = every destination received exactly the attention "
+                  "output.", "",
+                  markdown_table(table, list(table[0]) if table else ["tokens"], floatfmt=".3g"), ""]
+        if table:
+            for key, ylabel, png in (("serial/fused", "serial / fused (receiver-visible)", "speedup.png"),
+                                     ("fused/attn", "fused / attention alone", "overhead.png")):
+                pts = [{**t, "shape": t["heads x dim"], key: t[key]} for t in table]
+                plot_lines(pts, "tokens", key, ["shape", "P"], out / png, logx=True, ylabel=ylabel, hline=1.0,
+                           title=f"Ulysses fused exchange: {ylabel}")
+                lines.append(f"![{ylabel}]({png})")
+            lines.append("")
+    core = out / "core.csv"
+    if core.exists():
+        crow = read_rows(core)
+        lines += ["## Attention core vs cuDNN SDPA", "",
+                  markdown_table(crow, ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n",
+                                        "num_warps", "num_stages", "ctas_per_sm", "tma", "tflops",
+                                        "ratio_vs_cudnn", "rel_err", "sass"]), ""]
+    path = out / "summary.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def predicted_exchange_ns(row: dict) -> float:
+    """Burst-Gap prediction of the fused exchange's exposed cost for one result row, or NaN.
+
+    Per program: `tiles / grid` bursts of `tile_bytes` (the remote share of them), each followed by
+    a tile's compute as the gap; the steady issue time per burst is the model's periodic closed form
+    with the host path's parameters shared by `grid` issuing SMs."""
+    try:
+        from xstage.model import closed_form, load_default_profile
+
+        profile = load_default_profile()
+        params = profile.path(row["path"]) if hasattr(profile, "path") else profile[row["path"]]
+    except Exception:  # no model or no profile for this path yet: the summary prints '-'
+        return float("nan")
+    grid = int(row["grid"])
+    tiles_per_prog = int(row["tiles"]) / grid
+    remote_share = float(row["remote_bytes"]) / (int(row["tiles"]) * float(row["tile_bytes"]) or 1.0)
+    attn_ns = float(row["sender_ns"])
+    gap_ns = attn_ns / tiles_per_prog
+    burst = float(row["tile_bytes"]) * remote_share
+    per_burst = closed_form.periodic_steady_issue_time(params, burst, gap_ns, n_sm=grid)
+    return tiles_per_prog * per_burst
+
+
+def _handler(args) -> int:
+    from xstage.attention.flash import FlashConfig
+
+    fc = None
+    if args.block_m:
+        fc = FlashConfig(args.block_m, args.block_n, args.num_warps, args.num_stages, 1, None)
+    if args.core:
+        run_core(args.out, warmup=args.warmup, rep=args.rep)
+    elif not args.report_only:
+        run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
+                 max_seconds=args.max_seconds, flash_cfg=fc)
+    summary = write_report(args.out)
+    from xstage.cli import emit
+
+    emit({"summary": str(summary)}, args.json, summary.read_text())
+    return 0
+
+
+def register_bench(grids) -> None:
+    p = grids.add_parser("ulysses", help="fused Ulysses attention vs serial baselines (one GPU, loopback)")
+    add_grid_options(p)
+    p.add_argument("--path", choices=("host", "hbm"), default="host", help="where the other ranks' buffers live")
+    p.add_argument("--core", action="store_true", help="attention core vs cuDNN SDPA at 16K tokens, 24x128")
+    p.add_argument("--report-only", action="store_true", help="only redraw summary.md and plots from the CSV")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop starting new configurations after this")
+    p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M (with the next three)")
+    p.add_argument("--block-n", type=int, default=128)
+    p.add_argument("--num-warps", type=int, default=8)
+    p.add_argument("--num-stages", type=int, default=3)
+    p.set_defaults(handler=_handler, warmup=2, rep=10)
+
+
+if __name__ == "__main__":
+    import sys
+
+    from xstage.cli import main
+
+    raise SystemExit(main(["bench", "ulysses", *sys.argv[1:]]))
