@@ -44,10 +44,9 @@ KEYS = ["shape", "tokens", "ep", "path", "variant"]
 
 
 def grid_configs() -> list[dict]:
-    """The 84 EP>1 configurations, then the 8 EP=1 ones."""
-    out = [dict(shape=s, tokens=t, ep=ep) for s in SHAPES for t in TOKENS for ep in EPS]
-    out += [dict(shape=s, tokens=t, ep=1) for s in SHAPES for t in (4096, 16384)]
-    return out
+    """The 8 EP=1 configurations, then the 84 EP>1 ones (EP 8 first, the reference design's setting)."""
+    out = [dict(shape=s, tokens=t, ep=1) for s in SHAPES for t in (4096, 16384)]
+    return out + [dict(shape=s, tokens=t, ep=ep) for ep in EPS[::-1] for t in TOKENS for s in SHAPES]
 
 
 def routing(T, E, K, device, seed=0):
@@ -78,10 +77,12 @@ BLOCK_SMALL = "64:128:256:64:4:3"
 
 
 def block_for(shape_name: str, tokens: int, ep: int, spec: str | None = None):
-    """Block config by expected rows per local expert (DeepGEMM's rule, reduced to two Triton tiles)."""
+    """Block config by expected rows per local expert (DeepGEMM's rule, reduced to two Triton tiles).
+
+    `spec` replaces the large-tile config (e.g. the best one of an EP=1 sweep)."""
     H, I, E, K = SHAPES[shape_name] if isinstance(shape_name, str) else shape_name
-    per_expert = tokens * K / (E // ep) / ep  # rows per local expert: T*K spread over E experts
-    return parse_block(spec or (BLOCK_SMALL if per_expert <= 64 else BLOCK_LARGE), H)
+    per_expert = tokens * K / E  # rows per local expert: every rank's T*K rows spread over E experts
+    return parse_block(BLOCK_SMALL if per_expert <= 64 else (spec or BLOCK_LARGE), H)
 
 
 class Problem:
@@ -284,7 +285,12 @@ def run_grid(out_dir, only=None, path="host", schedules=SCHEDULES, warmup=3, rep
         pth = path if c["ep"] > 1 else "hbm"
         if writer.done(dict(c, path=pth, variant="unfused")):
             continue
-        run_config(c, path, schedules, writer, warmup, rep, block=block, log=log)
+        try:
+            run_config(c, path, schedules, writer, warmup, rep, block=block, log=log)
+        except Exception:  # one configuration failing must not lose the rest of the grid
+            import traceback
+
+            log(f"config {c}: " + traceback.format_exc()[-2500:])
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     summarize(out)
@@ -408,8 +414,12 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMAL
                 pb = Problem(shape, T, 1, "hbm", cfg)
                 try:
                     main, red, y, ctas = time_fused(pb, "interleaved", warmup, rep)
-                except Exception as exc:  # a config that does not compile or fit: report and go on
-                    log(f"ep1 {shape} T={T} block={spec}: {type(exc).__name__}: {str(exc)[:200]}")
+                except Exception:  # a config that does not compile or fit: report and go on
+                    import traceback
+
+                    log(f"ep1 {shape} T={T} block={spec}: " + traceback.format_exc()[-2500:])
+                    del pb
+                    torch.cuda.empty_cache()
                     continue
                 un = Unfused(pb, "hbm")
                 chain = time_fn(lambda un=un: un.chain(un.x_sorted), warmup, rep)
@@ -427,6 +437,9 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMAL
 if __name__ == "__main__":
     import argparse
     import json
+    import sys
+
+    sys.setrecursionlimit(20000)
 
     ap = argparse.ArgumentParser(description="MoE device runs: check, ep1 sweep, grid")
     ap.add_argument("mode", choices=("check", "ep1", "grid"))
@@ -435,13 +448,26 @@ if __name__ == "__main__":
     ap.add_argument("--budget-s", type=float, default=None)
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--blocks", default=f"{BLOCK_LARGE},{BLOCK_SMALL}")
-    ap.add_argument("--block", default=None, help="grid: one block spec for every configuration")
+    ap.add_argument("--tokens", default="4096,16384")
+    ap.add_argument("--block", default=None, help="grid: large-tile block spec, or 'auto' (best_block.txt)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=10)
     a = ap.parse_args()
     if a.mode == "check":
         raise SystemExit(0 if gpu_check() else 1)
     if a.mode == "ep1":
-        res = ep1_sweep(a.shapes.split(",") if a.shapes else None, blocks=a.blocks.split(","))
+        res = ep1_sweep(a.shapes.split(",") if a.shapes else None, tokens=[int(t) for t in a.tokens.split(",")],
+                        blocks=a.blocks.split(","))
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
+        big = [r for r in res if r["tokens"] == max(r2["tokens"] for r2 in res) and r["block"].startswith("128:")]
+        if big:
+            best = min(big, key=lambda r: r["ratio"])["block"]
+            (Path(a.out) / "best_block.txt").write_text(best + "\n")
+            print("best block", best)
     else:
-        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block)
+        block = a.block
+        if block == "auto":
+            f = Path(a.out) / "best_block.txt"
+            block = f.read_text().strip() if f.exists() else None
+        run_grid(a.out, a.only, budget_s=a.budget_s, block=block, warmup=a.warmup, rep=a.rep)

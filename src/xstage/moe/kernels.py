@@ -126,7 +126,7 @@ def _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_
     tl.store(p_c, b_acc.to(p_comb.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE"])
 def moe_main_kernel(
     p_tasks, p_cta_start, p_units, p_row_src, p_row_slot,
     p_x, p_x_delta, p_recv, p_w1, p_w2, p_act, p_comb, p_comb_delta,
@@ -178,7 +178,7 @@ def moe_main_kernel(
             tl.atomic_add(p_sig + d + slot, 1, sem="release", scope="sys")
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["units_cap", "num_ranks", "E_LOCAL", "T", "T_STRIDE"])
 def moe_reduce_kernel(
     p_comb, p_read_delta, p_idx, p_w, p_y, p_ready, units_cap,
     p_sync, p_sig, p_sig_delta, p_sig_slot, p_err,
