@@ -44,11 +44,11 @@ def _first(path, sm_count, mode):
 def _periodic(path, sm_count, mode):
     return [BurstConfig(path=path, peer_mode=mode, n_sm=n, burst_bytes=b, gap_iters=g, n_bursts=16)
             for n in _sms([8, 32], sm_count) for b in (4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB)
-            for g in (0, 1000, 4000, 10000, 25000)]
+            for g in (0, 1000, 4000, 10000, 25000, 100000)]
 
 
 def _twoburst(path, sm_count, mode):
-    gaps = (0, 500, 1000, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000)
+    gaps = (0, 500, 1000, 2000, 3000, 4000, 6000, 8000, 12000, 16000, 24000, 32000, 48000, 64000, 100000)
     return [BurstConfig(path=path, peer_mode=mode, n_sm=n, burst_bytes=b, gap_iters=g, n_bursts=2)
             for n in _sms([32], sm_count) for b in (64 * KIB, 256 * KIB) for g in gaps]
 
