@@ -26,9 +26,13 @@ import numpy as np
 
 from xstage.bench.report import markdown_table
 from xstage.errors import InputError
+from xstage.model.data import CONFIG_COLUMNS
 from xstage.probe.analysis import experiments, plot_experiments, read_summary, summarise_dir
 
 HOLDOUT_EVERY = 4
+
+POOLED = ("launch", "gap_ns", "burst_index", "burst_last", "issue_median_ns", "issue_p10_ns", "issue_p90_ns",
+          "issue_max_ns", "completion_median_ns")
 DEFAULT_KNOBS = {"warps": 8, "vector_bytes": 16, "ctas_per_sm": 1}
 FIT_SWEEPS = ("first", "periodic", "twoburst", "completion")
 
@@ -36,6 +40,33 @@ FIT_SWEEPS = ("first", "periodic", "twoburst", "completion")
 def _fit_rows(summary: list[dict], path: str) -> list[dict]:
     return [r for r in summary if r["path"] == path and r["sweep"] in FIT_SWEEPS
             and all(int(r[k]) == v for k, v in DEFAULT_KNOBS.items())]
+
+
+def pool_for_fit(rows: list[dict]) -> list[dict]:
+    """One summary row per configuration, gap and burst span, pooled over repeated launches (medians):
+    bursts 0 and 1 each, and the steady span (second half) of longer launches. The simulator then runs
+    once per configuration and gap instead of once per launch."""
+    groups: dict = {}
+    for r in rows:
+        key = (r["sweep"], *(r[c] for c in CONFIG_COLUMNS), r["n_bursts"])
+        groups.setdefault(key, []).append(r)
+    out = []
+    for launch_id, (key, rs) in enumerate(sorted(groups.items(), key=lambda kv: str(kv[0]))):
+        n_bursts = key[-1]
+        spans = [(0, 0)] + ([(1, 1)] if n_bursts > 1 else []) + ([(n_bursts // 2, n_bursts - 1)] if n_bursts > 3
+                                                                 else [])
+        gaps = [r["gap_ns"] for r in rs if r["burst_index"] > 0 and not math.isnan(r["gap_ns"])]
+        for lo, hi in spans:
+            sel = [r for r in rs if lo <= r["burst_index"] <= hi]
+            cpl = [r["completion_median_ns"] for r in sel if not math.isnan(r["completion_median_ns"])]
+            out.append({**{c: rs[0][c] for c in rs[0] if c not in POOLED}, "launch": launch_id,
+                        "gap_ns": float(np.median(gaps)) if gaps else 0.0, "burst_index": lo, "burst_last": hi,
+                        "issue_median_ns": float(np.median([r["issue_median_ns"] for r in sel])),
+                        "issue_p10_ns": float(np.median([r["issue_p10_ns"] for r in sel])),
+                        "issue_p90_ns": float(np.median([r["issue_p90_ns"] for r in sel])),
+                        "issue_max_ns": float(max(r["issue_max_ns"] for r in sel)),
+                        "completion_median_ns": float(np.median(cpl)) if cpl else math.nan})
+    return out
 
 
 def holdout_split(configs: list[tuple]) -> tuple[list[tuple], list[tuple]]:
@@ -51,7 +82,7 @@ def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, struct
     from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
     from xstage.model.predict import predict_rows
 
-    rows = _fit_rows(summary, path)
+    rows = pool_for_fit(_fit_rows(summary, path))
     if not rows:
         raise InputError(f"fit: no summary rows of path {path} with the default kernel shape {DEFAULT_KNOBS}")
     obs = observations_from_rows(rows, source=f"probe {path}")
