@@ -2,7 +2,8 @@
 
 Public pieces: `MoEBuffer` (context), `transform_weights` (weight layout), `reference_moe_virtual`
 and `reference_moe_dist` (plain torch ground truth), `make_schedule` (expert_wave, interleaved,
-lag:k), `fused_moe` (the fused layer).
+lag:k), `fused_moe` (the fused layer), `torch.ops.xstage.moe_fused` (custom op, after importing
+`xstage.moe.op`).
 """
 
 from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer

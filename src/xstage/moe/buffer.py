@@ -121,6 +121,7 @@ class MoEBuffer:
         self.units_cap = -(-rows // c.block_m)
         self.rows_cap = self.units_cap * c.block_m
         self._check_size(max_bytes)
+        self._plans: dict = {}
         self._allocate()
 
     @property

@@ -9,9 +9,7 @@ dispatch, Linear-1 + SwiGLU, Linear-2 with the combine pushed from its epilogue,
 to every peer; (4) `moe_reduce_kernel`: wait for every peer, top-k weighted sum. At equal block sizes
 every schedule computes each tile with the same code and K order, so outputs are bitwise identical.
 
-Example (CPU interpreter, fp16):
-    >>> import os; os.environ.setdefault("TRITON_INTERPRET", "1")  # doctest: +ELLIPSIS
-    '...'
+Example (on a machine without a GPU, run with TRITON_INTERPRET=1 set before import):
     >>> import torch
     >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
     >>> cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
@@ -98,13 +96,13 @@ def num_ctas(buf: MoEBuffer) -> int:
 
 
 class _Plan:
-    """The cached pieces of one routing: layout, schedule and their device tensors."""
+    """The pieces of one call: routing layout, schedule and the schedule's device tensors."""
 
-    def __init__(self, layout, schedule: Schedule, device):
+    def __init__(self, layout, schedule: Schedule, device, tasks=None, cta_start=None):
         self.layout = layout
         self.schedule = schedule
-        self.tasks = torch.from_numpy(schedule.tasks).to(device)
-        self.cta_start = torch.from_numpy(schedule.cta_start).to(device)
+        self.tasks = torch.from_numpy(schedule.tasks).to(device) if tasks is None else tasks
+        self.cta_start = torch.from_numpy(schedule.cta_start).to(device) if cta_start is None else cta_start
 
 
 def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _Plan:
@@ -124,6 +122,25 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _P
     sched = make_schedule(schedule, experts or [0], ctas or num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
                           unit_rows=rows or [0])
     return _Plan(lay, sched, buf.device)
+
+
+def static_plan(topk_idx, buf: MoEBuffer, schedule: str) -> _Plan:
+    """A plan with no host synchronisation (CUDA-graph capturable): the schedule covers all
+    `buf.units_cap` unit slots with a nominal even split over experts, built once per schedule name;
+    slots the routing leaves empty are skipped by the kernel. Routing beyond the capacity is not
+    detected here (the eager path checks it)."""
+    key = ("static", schedule, num_ctas(buf))
+    cached = buf._plans.get(key)
+    if cached is None:
+        U, el = buf.units_cap, buf.E_local
+        experts = [min(el - 1, u * el // U) for u in range(U)]
+        n2 = -(-buf.H // buf.cfg.block_n2)
+        sched = make_schedule(schedule, experts, num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
+                              block_m=buf.cfg.block_m)
+        cached = buf._plans[key] = _Plan(None, sched, buf.device)
+    lay = routing_layout(_all_topk(topk_idx, buf), buf.rank, buf.E_local, buf.cfg.block_m, buf.rows_cap,
+                         buf.units_cap, buf.T_max)
+    return _Plan(lay, cached.schedule, buf.device, cached.tasks, cached.cta_start)
 
 
 def _bounds(buf: MoEBuffer, timeout_ns: int):
@@ -173,11 +190,13 @@ def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tens
 
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
-              timeout_ns: int = DEFAULT_TIMEOUT_NS, check: bool = True) -> torch.Tensor:
+              timeout_ns: int = DEFAULT_TIMEOUT_NS, check: bool = True, static: bool = False) -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
 
     `check=True` validates inputs (one host sync for the expert-id range) and raises
-    `CommTimeoutError` after the kernels if a wait timed out (another sync).
+    `CommTimeoutError` after the kernels if a wait timed out (another sync). `static=True` with
+    `check=False` on a loopback buffer runs without any host synchronisation (CUDA-graph capture):
+    the schedule then spans every unit slot of the buffer; call `buf.check()` later for timeouts.
     """
     validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
     if not buf.loopback:
@@ -185,7 +204,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
         buf.idx_buf.fill_(-1)
         buf.idx_buf[: x.shape[0]].copy_(topk_idx)
         buf.barrier()
-    p = plan(topk_idx, buf, schedule)
+    p = static_plan(topk_idx, buf, schedule) if static else plan(topk_idx, buf, schedule)
     y = torch.empty_like(x)
     launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
     if check:

@@ -80,7 +80,9 @@ def routing_layout(all_topk_idx, rank, num_local_experts, block_m, rows_cap, uni
     owner = flat // num_local_experts
     key = torch.where(owner == rank, flat % num_local_experts, torch.full_like(flat, num_local_experts))
     order = torch.argsort(key, stable=True)
-    counts_all = torch.bincount(key, minlength=num_local_experts + 1)
+    # scatter_add rather than bincount: bincount on CUDA reads the maximum back to the host.
+    counts_all = torch.zeros(num_local_experts + 1, dtype=torch.int64, device=dev)
+    counts_all.scatter_add_(0, key, torch.ones_like(key))
     counts = counts_all[:num_local_experts]
     start = torch.cumsum(counts_all, 0) - counts_all
     n_units = (counts + block_m - 1) // block_m
