@@ -10,6 +10,7 @@ import importlib
 
 BENCH_MODULES: list[str] = [
     "xstage.bench.ulysses",
+    "xstage.bench.moe",
 ]
 
 
