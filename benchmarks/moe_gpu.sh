@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
-# Usage: benchmarks/moe_gpu.sh [check] [ep1] [multirank] [grid]   (results under $OUT or benchmarks/results)
+# Usage: benchmarks/moe_gpu.sh [check] [ep1] [op] [multirank] [grid]   (results under $OUT or benchmarks/results)
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -15,6 +15,7 @@ for step in $steps; do
   case $step in
     check) timeout "${CHECK_S:-100}" python3 -u -m xstage.bench.moe check 2>&1 | tail -40 ;;
     ep1) timeout "${EP1_S:-130}" python3 -u -m xstage.bench.moe ep1 -o "$OUT_DIR" ${EP1_ARGS:-} 2>&1 | tail -40 ;;
+    op) timeout "${OP_S:-60}" python3 -u -m pytest -q -x -m gpu tests/moe/test_op.py 2>&1 | tail -15 ;;
     multirank) timeout "${MULTI_S:-70}" python3 -u -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
     grid) timeout "${GRID_S:-250}" python3 -u -m xstage.bench.moe grid -o "$OUT_DIR" --budget-s "${GRID_BUDGET_S:-200}" \
             ${GRID_ARGS:-} 2>&1 | tail -60 ;;

@@ -28,3 +28,13 @@ def test_run_config_writes_rows_and_summary(tmp_path):
     assert float(rows[0]["speedup"]) == 1.0
     summary = summarize(tmp_path)
     assert summary["lag:1"]["configs"] == 1 and (tmp_path / "summary.md").exists()
+
+
+def test_sync_helper_synchronises(monkeypatch):
+    import xstage.bench.moe as bm
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(1))
+    bm._sync()
+    assert calls == [1]

@@ -127,7 +127,7 @@ def _events(n):
 
 def _sync():
     if torch.cuda.is_available():
-        _sync()
+        torch.cuda.synchronize()
 
 
 def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
@@ -347,6 +347,7 @@ def register_bench(grids) -> None:
     p.add_argument("--path", choices=("host", "hbm"), default="host", help="loopback path for EP>1")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated schedule names")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this")
+    p.add_argument("--block", default=None, help="large-tile block BM:BN1:BN2:BK:WARPS:STAGES for every shape")
     p.set_defaults(handler=_handler)
 
 
@@ -354,7 +355,7 @@ def _handler(args) -> int:
     from xstage.cli import emit
 
     run_grid(args.out, args.only, args.path, tuple(args.schedules.split(",")), args.warmup, args.rep,
-             args.budget_s)
+             args.budget_s, args.block)
     summary = summarize(args.out)
     emit(summary, args.json, (Path(args.out) / "summary.md").read_text())
     return 0
