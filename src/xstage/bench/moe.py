@@ -154,11 +154,18 @@ def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
     return main, red, y, p.schedule.num_ctas
 
 
+_GROUPED_MM_FAILED: list[bool] = []
+
+
 def _grouped_mm(a, w, offs):
     """`a [M, K]` rows sorted by group, `w [G, N, K]` -> `[M, N]`; torch._grouped_mm where available."""
     fn = getattr(torch, "_grouped_mm", None)
-    if fn is not None and a.is_cuda:
-        return fn(a, w.transpose(-2, -1), offs=offs)
+    if fn is not None and a.is_cuda and not _GROUPED_MM_FAILED:
+        try:
+            return fn(a, w.transpose(-2, -1), offs=offs)
+        except RuntimeError as exc:  # an unsupported layout on this build: fall back to a loop of mm
+            print(f"torch._grouped_mm unavailable ({str(exc)[:120]}); using per-expert mm")
+            _GROUPED_MM_FAILED.append(True)
     out = a.new_empty(a.shape[0], w.shape[1])
     start = 0
     for e, end in enumerate(offs.tolist()):
@@ -438,9 +445,6 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMAL
 if __name__ == "__main__":
     import argparse
     import json
-    import sys
-
-    sys.setrecursionlimit(20000)
 
     ap = argparse.ArgumentParser(description="MoE device runs: check, ep1 sweep, grid")
     ap.add_argument("mode", choices=("check", "ep1", "grid"))
