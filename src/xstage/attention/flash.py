@@ -13,8 +13,9 @@ descriptors when their strides allow a 2-D view (see `_tma_view`); otherwise thr
 
 When the tile's output is final, the epilogue either stores it into `o` or, for the Ulysses
 exchange (`xstage.attention.ulysses`), stores each row straight into the buffer of the rank that
-owns it and raises that rank's per-source counter: the next tile's compute is the gap in which the
-stores drain (see `shared/design/burst-gap.md`).
+owns it. The next tile's compute is the gap in which those stores drain (see
+`shared/design/burst-gap.md`); only then does the program raise the owners' per-source counters
+with a release add, so that the release finds the stores landed instead of waiting for them.
 
 Example:
     >>> import torch
@@ -107,6 +108,8 @@ def _attn_fwd_kernel(
     o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, HEAD_DIM)
     n_progs = tl.num_programs(0)
+    pend_lo = 0
+    pend_hi = -1  # owners of the previous tile's rows, not yet signalled (none)
     for tile in range(tl.program_id(0), n_tiles, n_progs):
         i_b, i_h, i_m = _tile_coords(tile, n_m, H)
         i_b = i_b.to(tl.int64)
@@ -154,22 +157,29 @@ def _attn_fwd_kernel(
         # A batch with no valid key gets zeros, not 0/0.
         b_o = (b_acc / tl.where(b_l == 0.0, 1.0, b_l)[:, None]).to(p_o.dtype.element_ty)  # [BM, D]
         if EXCHANGE:
-            _exchange_tile(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb,
-                           d_ss, d_sh, head_off, p_sig_tab, p_sig, BLOCK_M)
+            # Publish the previous tile's rows only now: this tile's compute was the gap in which
+            # they drained, so the release (which waits for them to land) costs little. Releasing
+            # right after the stores would stall every program for the whole X-Stage.
+            _signal_owners(p_sig_tab, p_sig, p_dst_row0, pend_lo, pend_hi)
+            pend_lo, pend_hi = _store_rows(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb,
+                                           d_ss, d_sh, head_off, BLOCK_M)
         else:
             p_out = p_o + i_b * s_ob + i_h * s_oh + o_s.to(tl.int64)[:, None] * s_os + o_d[None, :]
             tl.store(p_out, b_o, mask=(o_s < S_q)[:, None])
+    if EXCHANGE:
+        _signal_owners(p_sig_tab, p_sig, p_dst_row0, pend_lo, pend_hi)
 
 
 @triton.jit
-def _exchange_tile(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb,
-                   d_ss, d_sh, head_off, p_sig_tab, p_sig, BLOCK_M: tl.constexpr):
+def _store_rows(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off,
+                BLOCK_M: tl.constexpr):
     # Rows [row0[p], row0[p+1]) of the gathered sequence belong to rank p; a tile straddles a
-    # boundary when a rank's row count is not a multiple of BLOCK_M, so walk every owner it touches
-    # (ranks without rows get neither stores nor signals).
+    # boundary when a rank's row count is not a multiple of BLOCK_M, so store to every owner it
+    # touches. Returns the first and last owner (inclusive).
     i_p = 0
     while tl.load(p_dst_row0 + i_p + 1) <= m0:
         i_p += 1
+    p_first = i_p
     row_end = tl.minimum(m0 + BLOCK_M, S_q)
     r0 = tl.load(p_dst_row0 + i_p)
     while r0 < row_end:
@@ -179,9 +189,17 @@ def _exchange_tile(b_o, p_o, o_s, o_d, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0,
             o_row = (o_s - r0).to(tl.int64)
             p_out = p_dst + i_b * d_sb + (head_off + i_h) * d_sh + o_row[:, None] * d_ss + o_d[None, :]
             tl.store(p_out, b_o, mask=((o_s >= r0) & (o_s < r1))[:, None])
-            signal_add(peer_ptr(p_sig_tab, i_p, p_sig), 1)
         i_p += 1
         r0 = r1
+    return p_first, i_p - 1
+
+
+@triton.jit
+def _signal_owners(p_sig_tab, p_sig, p_dst_row0, p_lo, p_hi):
+    # One release add per destination that received rows (ranks without rows get no signal).
+    for i_p in range(p_lo, p_hi + 1):
+        if tl.load(p_dst_row0 + i_p + 1) > tl.load(p_dst_row0 + i_p):
+            signal_add(peer_ptr(p_sig_tab, i_p, p_sig), 1)
 
 
 def _check_qkv(q, k, v):
