@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from xstage.model.closed_form import periodic_steady_issue_time
+from xstage.model.profile import Profile
 from xstage.probe.analysis import experiments, read_summary, summarise_dir
 from xstage.probe.report import analyse, fit_and_check, holdout_split
 
@@ -81,6 +82,10 @@ def test_fit_recovers_parameters_and_predicts_held_out(tmp_path):
     assert res["heldout_configs"] >= 5 and res["heldout_median_rel_error"] < 0.03
     assert res["params"]["drain"] == pytest.approx(TRUE.drain, rel=0.05)
     assert res["params"]["r0"] == pytest.approx(TRUE.r0, rel=0.05)
+    prof = Profile.from_dict(res["profile"])
+    assert prof.path == "host" and prof.params.drain == res["params"]["drain"]
+    assert prof.fit_quality["heldout"]["median_rel_error"] == res["heldout_median_rel_error"]
+    assert prof.provenance["gpu"] == "simulated"
 
 
 def test_analyse_writes_files_and_reanalyses_committed_summary(folder, tmp_path):

@@ -1,7 +1,8 @@
 """Analyse a probe output folder: summary, experiments, plots, profile fit, held-out check, markdown.
 
 `analyse(out_dir)` reads `raw/*.csv` (or, for committed data, only `summary.csv`), writes
-`summary.csv`, `experiments.json`, `plots/*.png`, `fit.json` and `summary.md`, and returns a dict
+`summary.csv`, `experiments.json`, `plots/*.png`, `fit.json`, `profile.json` (a
+`xstage.model.profile.Profile`) and `summary.md`, and returns a dict
 with the figures and a short text.
 
 Fit and held-out check: the summary rows of the default kernel shape (8 warps, 16-byte stores, one
@@ -104,18 +105,43 @@ def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, struct
                         "median_rel_error": float(np.median(np.abs(rel[m]))),
                         "measured_ns": float(np.median(test.issue_med[m])),
                         "predicted_ns": float(np.median(pred[m]))})
+    heldout = {"median_rel_error": weighted_quantile(np.abs(rel), w, 0.5),
+               "p90_rel_error": weighted_quantile(np.abs(rel), w, 0.9), "n_configs": len(held),
+               "rule": f"every {HOLDOUT_EVERY}th configuration (path, n_sm, burst_bytes) of the sorted list, "
+                       "from the second, held out of the fit"}
     return {
+        "profile": _profile(res, obs.select(~m_held), heldout, bootstrap).to_dict(),
         "path": path, "structure": res.structure, "params": res.params.to_dict(),
         "fitted": list(res.fitted), "identified": res.identified, "rel_se": res.rel_se,
         "intervals": {k: list(v) for k, v in res.intervals.items()}, "bootstrap": bootstrap,
         "fit_residuals": res.residuals, "cross_checks": res.cross_checks,
         "calibration_configs": len(calib), "heldout_configs": len(held),
-        "heldout_median_rel_error": weighted_quantile(np.abs(rel), w, 0.5),
-        "heldout_p90_rel_error": weighted_quantile(np.abs(rel), w, 0.9),
+        "heldout_median_rel_error": heldout["median_rel_error"],
+        "heldout_p90_rel_error": heldout["p90_rel_error"],
         "heldout": per_cfg,
         "points": [{"measured_ns": float(a), "predicted_ns": float(b), "burst_index": int(i), "n_sm": int(n)}
                    for a, b, i, n in zip(test.issue_med, pred, test.burst_lo, test.n_sm)],
     }
+
+
+def _profile(res, calib, heldout: dict, bootstrap: int):
+    """A `xstage.model.profile.Profile` of the calibration fit, with the held-out error as its quality."""
+    from xstage import __version__
+    from xstage.env import environment
+    from xstage.model.profile import Profile
+
+    provenance = {
+        **{k: calib.env.get(k, "") for k in ("gpu", "driver", "torch", "triton", "date")},
+        "measured_git_commit": calib.env.get("git_commit", ""), "path": str(calib.path[0]),
+        "sm_counts": sorted({int(n) for n in calib.n_sm}), "burst_bytes": sorted({int(b) for b in calib.burst_bytes}),
+        "n_configs": res.n_configs, "n_rows": res.n_rows, "data_file": "summary.csv (xstage probe)",
+        "fitted_with": {"xstage": __version__, "git_commit": environment()["git_commit"],
+                        "numpy": np.__version__, "bootstrap_rounds": bootstrap},
+    }
+    return Profile(path=str(calib.path[0]), params=res.params, intervals=res.intervals, fitted=list(res.fitted),
+                   identified=res.identified, rel_se=res.rel_se,
+                   fit_quality={"residuals": res.residuals, "cross_checks": res.cross_checks, "heldout": heldout},
+                   structure={"chosen": res.structure, "free": list(res.fitted)}, provenance=provenance)
 
 
 def _plot_heldout(fit: dict, out_dir: Path) -> Path:
@@ -222,7 +248,11 @@ def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None 
         except (InputError, ImportError) as exc:
             fit_error = str(exc)
     if fit_res is not None:
-        (out_dir / "fit.json").write_text(json.dumps(fit_res, indent=1, default=str))
+        from xstage.model.profile import Profile
+
+        Profile.from_dict(fit_res["profile"]).save(out_dir / "profile.json")
+        (out_dir / "fit.json").write_text(json.dumps({k: v for k, v in fit_res.items() if k != "profile"},
+                                                     indent=1, default=str))
         plots.append(str(_plot_heldout(fit_res, out_dir)))
     env = {k: summary[0].get(k, "") for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
     md = _markdown(exp, fit_res, fit_error, env, run)
