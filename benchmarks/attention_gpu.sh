@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Ulysses attention on one GPU: the attention core vs cuDNN SDPA (with the SASS check), the GPU tests
 # (bf16 correctness, loopback host/hbm, ranks sharing the GPU), then as much of the loopback grid as
-# the time allows (resumable). Results go under $OUT (default ./out/attention).
+# the time allows (resumable). Results (core.csv, ulysses.csv, summary.md, plots) go to $OUT/results,
+# logs to $OUT (default ./out/attention).
 #   usage: benchmarks/attention_gpu.sh [core|tests|grid]...   (default: all three)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,23 +11,29 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-out/attention}
 GRID_ONLY=${GRID_ONLY:-}
 GRID_SECONDS=${GRID_SECONDS:-60}
-mkdir -p "$OUT"
+RES="$OUT/results"
+mkdir -p "$RES"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(core tests grid)
-python3 -m xstage env | tee "$OUT/env.txt"
+python3 -m xstage env
 for step in "${steps[@]}"; do
   case "$step" in
     core)
-      timeout "${CORE_TIMEOUT:-150}" python3 -m xstage bench ulysses --core -o "$OUT/core" --warmup 3 --rep 20 \
+      core_shapes=()
+      [ -n "${CORE_SHAPES:-}" ] && core_shapes=(--core-shapes "$CORE_SHAPES")
+      timeout "${CORE_TIMEOUT:-150}" python3 -m xstage bench ulysses --core -o "$RES" --warmup 3 --rep 20 \
+        "${core_shapes[@]}" \
         2>&1 | tail -n 60 | tee "$OUT/core.log" ;;
     tests)
-      timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -m gpu tests/attention -x -p no:cacheprovider \
+      timeout "${TESTS_TIMEOUT:-120}" python3 -m pytest -q -m gpu ${TESTS:-tests/attention} -x -p no:cacheprovider \
         2>&1 | tail -n 40 | tee "$OUT/tests.log" ;;
     grid)
       only=()
       for o in $GRID_ONLY; do only+=(--only "$o"); done
-      timeout "${GRID_TIMEOUT:-$((GRID_SECONDS + 120))}" python3 -m xstage bench ulysses -o "$OUT/grid" --path host \
-        --warmup 2 --rep 8 --max-seconds "$GRID_SECONDS" "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
+      # the fastest configuration per head dim from the core step, when it ran
+      for csv in "$RES/core.csv" ${TUNED_FROM:-}; do if [ -f "$csv" ]; then only+=(--tuned-from "$csv"); fi; done
+      timeout "${GRID_TIMEOUT:-$((GRID_SECONDS + 120))}" python3 -m xstage bench ulysses -o "$RES" --path host \
+        --warmup "${GRID_WARMUP:-1}" --rep "${GRID_REP:-6}" --max-seconds "$GRID_SECONDS" "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -8,11 +8,13 @@ remote stores cross a real link with a real X-Stage.
 Variants per configuration (heads x dim, total tokens, P), all on rank 0's share of the work
 (its heads over the whole sequence, after the pre-attention all-to-all):
 - `attention`: the Triton kernel alone, output to local memory;
-- `serial_triton`: the same kernel, then the exchange (copies of each rank's rows to its buffer);
+- `serial_triton`: the same kernel, then the exchange as an all-to-all does it (this rank's rows
+  into its output; each other rank's rows, one contiguous chunk, into that rank's receive buffer);
 - `serial_cudnn`: cuDNN SDPA (torch), then the same exchange;
 - `fused`: the kernel with the exchange in its epilogue; sender-visible = the kernel, receiver-
   visible = the kernel plus the wait for every destination's counters.
-Each row has sender- and receiver-visible medians (ns), TFLOP/s of the attention work, and whether
+Every variant is timed as CUDA-graph replays (no host launch overhead). Each row has sender- and
+receiver-visible medians (ns), TFLOP/s of the attention work, and whether
 every destination received exactly the attention output. The summary adds ratios and, where
 `xstage.model` provides a host-path profile, the Burst-Gap model's predicted exchange cost.
 
@@ -48,8 +50,24 @@ CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n"
 
 
 def grid_configs():
+    """Short sequences first, so that a run cut short still covers every shape and group size."""
     return [{"heads": h, "dim": d, "tokens": t, "P": p}
-            for (h, d) in GRID_SHAPES for t in GRID_TOKENS for p in GRID_WORLDS]
+            for t in GRID_TOKENS for (h, d) in GRID_SHAPES for p in GRID_WORLDS]
+
+
+def graphed(fn, warmup: int = 1):
+    """`fn` captured in a CUDA graph (after `warmup` eager calls on a side stream); returns the
+    replay. Timing replays leaves out the host's launch overhead, as graph-captured serving does."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def attention_flops(batch: int, s_q: int, s_k: int, heads: int, dim: int) -> float:
@@ -132,10 +150,11 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
                 t.fill_(float("nan"))
             fused_recv()
             ok = exchange_matches()
-            send = time_device(fused_send, warmup=warmup, rep=rep, sync=lambda: wait_fused(state, ctx))
+            # Sender-visible: the kernel alone; its counters are handed back between runs, untimed.
+            send = time_device(graphed(fused_send), warmup=warmup, rep=rep, sync=lambda: wait_fused(state, ctx))
             torch.cuda.synchronize()
             state.sig.zero_()
-            recv_t = time_device(fused_recv, warmup=warmup, rep=rep)
+            recv_t = time_device(graphed(fused_recv), warmup=warmup, rep=rep)
             ctx.check()
             rows.append({**common, "variant": variant, "sender_ns": send.median_ns, "receiver_ns": recv_t.median_ns,
                          "p10_ns": recv_t.p10_ns, "p90_ns": recv_t.p90_ns, "tflops": flops / send.median_ns / 1e3,
@@ -143,7 +162,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
             continue
         fn = {"attention": attention, "serial_triton": serial_triton, "serial_cudnn": serial_cudnn}[variant]
         try:
-            t = time_device(fn, warmup=warmup, rep=rep)
+            t = time_device(graphed(fn), warmup=warmup, rep=rep)
         except RuntimeError as e:  # cuDNN may refuse a layout: the row says so instead of the grid dying
             rows.append({**common, "variant": variant, "exchange_ok": f"error: {str(e)[:80]}"})
             continue
@@ -159,9 +178,24 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
     return rows
 
 
+def tuned_configs(*core_csvs) -> dict:
+    """The fastest Triton configuration per head dim over `core.csv` files (see `run_core`)."""
+    from xstage.attention.flash import FlashConfig
+
+    best: dict[int, tuple[float, FlashConfig]] = {}
+    for r in (row for path in core_csvs for row in read_rows(path)):
+        if r["impl"] != "triton" or not r["tflops"]:
+            continue
+        d, tf = int(r["dim"]), float(r["tflops"])
+        if d not in best or tf > best[d][0]:
+            best[d] = (tf, FlashConfig(int(r["block_m"]), int(r["block_n"]), int(r["num_warps"]),
+                                       int(r["num_stages"]), int(r["ctas_per_sm"]), bool(int(r["tma"])) or None))
+    return {d: c for d, (_, c) in best.items()}
+
+
 def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None) -> Path:
     """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
-    `max_seconds` (the file is resumable)."""
+    `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim."""
     if not torch.cuda.is_available():
         raise InputError("bench ulysses: needs a CUDA GPU")
     out = Path(out_dir)
@@ -173,7 +207,8 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
         if max_seconds is not None and time.monotonic() - t_start > max_seconds:
             print(f"bench ulysses: stopping after {max_seconds} s; run again to resume")
             break
-        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=flash_cfg)
+        fc = flash_cfg.get(cfg["dim"]) if isinstance(flash_cfg, dict) else flash_cfg
+        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc)
         for row in rows:
             if not writer.done(row):
                 writer.write(row)
@@ -184,16 +219,23 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
     return out / "ulysses.csv"
 
 
-def core_configs():
+CORE_SHAPES = ((16384, 24, 128), (17776, 30, 64))
+
+
+def core_configs(dim: int):
+    """Candidates per head dim (BLOCK_M, BLOCK_N, warps, stages, CTAs per SM, TMA)."""
     from xstage.attention.flash import FlashConfig
 
-    return [FlashConfig(128, 128, 8, 3, 1, True), FlashConfig(128, 128, 8, 3, 1, False),
-            FlashConfig(128, 128, 8, 3, 0, True), FlashConfig(128, 128, 8, 2, 1, True),
-            FlashConfig(128, 64, 8, 3, 1, True), FlashConfig(128, 64, 4, 3, 1, True),
-            FlashConfig(64, 128, 4, 3, 1, True), FlashConfig(128, 128, 4, 3, 1, True)]
+    if dim >= 128:
+        return [FlashConfig(128, 128, 8, 3, 1, True), FlashConfig(128, 128, 8, 3, 1, False),
+                FlashConfig(128, 128, 8, 3, 0, True), FlashConfig(128, 64, 8, 4, 1, True)]
+    return [FlashConfig(128, 64, 4, 3, 1, True), FlashConfig(128, 64, 8, 3, 1, True),
+            FlashConfig(128, 128, 8, 3, 1, True), FlashConfig(128, 64, 4, 4, 1, True),
+            FlashConfig(64, 64, 4, 3, 1, True)]
 
 
-def run_core(out_dir, *, shapes=((16384, 24, 128),), configs=None, warmup=3, rep=20, layouts=("bshd",)) -> Path:
+def run_core(out_dir, *, shapes=CORE_SHAPES, configs=None, warmup=3, rep=20,
+             layouts=("bshd", "gathered")) -> Path:
     """Attention core (one head group over the whole sequence) against cuDNN SDPA, per config."""
     from xstage.attention.flash import flash_attention
 
@@ -213,13 +255,15 @@ def run_core(out_dir, *, shapes=((16384, 24, 128),), configs=None, warmup=3, rep
         writer.write({**base, "layout": "bhsd", "impl": "cudnn_sdpa", "time_ns": cud.median_ns,
                       "tflops": flops / cud.median_ns / 1e3, "ratio_vs_cudnn": 1.0})
         print(f"S={S} H={H} D={D}: cudnn {flops / cud.median_ns / 1e3:.0f} TFLOP/s", flush=True)
-        for layout in layouts:
+        for i_layout, layout in enumerate(layouts):
             if layout == "bshd":
                 q, k, v = (t.transpose(1, 2).contiguous() for t in (q4, k4, v4))
             else:  # the gathered Ulysses layout [S, 3, B, h, D]
                 buf = torch.stack([t.transpose(1, 2) for t in (q4, k4, v4)], dim=0).permute(2, 0, 1, 3, 4).contiguous()
                 q, k, v = (buf[:, i].transpose(0, 1) for i in range(3))
-            for c in configs or core_configs():
+            cands = configs or core_configs(D)
+            # the other layouts only with the first (default) candidate: they check the strides, not the tuning
+            for c in cands if i_layout == 0 else cands[:1]:
                 row = {**base, "layout": layout, "impl": "triton", "block_m": c.block_m, "block_n": c.block_n,
                        "num_warps": c.num_warps, "num_stages": c.num_stages, "ctas_per_sm": c.ctas_per_sm,
                        "tma": int(bool(c.use_tma))}
@@ -291,7 +335,7 @@ def write_report(out_dir) -> Path:
 
         fs, fr, at, st, ct = (num(f, "sender_ns"), num(f, "receiver_ns"), num(a, "sender_ns"),
                               num(s, "sender_ns"), num(c, "sender_ns"))
-        pred = predicted_exchange_ns(f)
+        pred = predicted_exchange_ns(f, at)
         table.append({"heads x dim": f"{H}x{D}", "tokens": int(T), "P": int(P), "path": path,
                       "attn_us": at / 1e3, "fused_send_us": fs / 1e3, "fused_recv_us": fr / 1e3,
                       "serial_us": st / 1e3, "serial_cudnn_us": ct / 1e3,
@@ -320,7 +364,8 @@ def write_report(out_dir) -> Path:
             lines.append("")
     core = out / "core.csv"
     if core.exists():
-        crow = read_rows(core)
+        crow = [{**r, **{c: float(r[c]) for c in ("tflops", "ratio_vs_cudnn", "rel_err") if r.get(c)}}
+                for r in read_rows(core)]
         lines += ["## Attention core vs cuDNN SDPA", "",
                   markdown_table(crow, ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n",
                                         "num_warps", "num_stages", "ctas_per_sm", "tma", "tflops",
@@ -330,27 +375,33 @@ def write_report(out_dir) -> Path:
     return path
 
 
-def predicted_exchange_ns(row: dict) -> float:
-    """Burst-Gap prediction of the fused exchange's exposed cost for one result row, or NaN.
+def predicted_exchange_ns(fused: dict, attention_ns: float) -> float:
+    """Burst-Gap prediction of the fused exchange's receiver-visible cost beyond attention alone.
 
-    Per program: `tiles / grid` bursts of `tile_bytes` (the remote share of them), each followed by
-    a tile's compute as the gap; the steady issue time per burst is the model's periodic closed form
-    with the host path's parameters shared by `grid` issuing SMs."""
+    Each of `grid` programs computes `ceil` or `floor(tiles / grid)` tiles; after each tile's
+    compute (the gap, attention time / tiles per program) it stores the tile's remote share
+    (`tile_bytes` x remote rows / all rows) into the path. The model's event simulator plays these
+    bursts through the path profile; the prediction is the completion time of the last byte minus
+    the compute alone. NaN where `xstage.model` has no profile for the path."""
     try:
-        from xstage.model import closed_form, load_default_profile
+        from xstage.model import load_default_profile, simulate_bursts
 
-        profile = load_default_profile()
-        params = profile.path(row["path"]) if hasattr(profile, "path") else profile[row["path"]]
-    except Exception:  # no model or no profile for this path yet: the summary prints '-'
+        params = load_default_profile(fused["path"]).params
+    except Exception:  # no model or no profile for this path: the summary prints '-'
         return float("nan")
-    grid = int(row["grid"])
-    tiles_per_prog = int(row["tiles"]) / grid
-    remote_share = float(row["remote_bytes"]) / (int(row["tiles"]) * float(row["tile_bytes"]) or 1.0)
-    attn_ns = float(row["sender_ns"])
-    gap_ns = attn_ns / tiles_per_prog
-    burst = float(row["tile_bytes"]) * remote_share
-    per_burst = closed_form.periodic_steady_issue_time(params, burst, gap_ns, n_sm=grid)
-    return tiles_per_prog * per_burst
+    grid, tiles = int(fused["grid"]), int(fused["tiles"])
+    per_prog = math.ceil(tiles / grid)
+    gap = attention_ns / per_prog
+    burst = float(fused["remote_bytes"]) / tiles
+    n_hi = tiles - (per_prog - 1) * grid  # programs that run the extra tile
+    programs = [[(burst, gap)] * per_prog]
+    mult = [n_hi]
+    if per_prog > 1 and grid > n_hi:
+        programs.append([(burst, gap)] * (per_prog - 1))
+        mult.append(grid - n_hi)
+    res = simulate_bursts(params, programs, start_ns=[gap] * len(programs), multiplicity=mult)
+    done = max(float(c[-1]) for c in res.completion_ns if len(c))
+    return max(0.0, done - per_prog * gap)
 
 
 def _handler(args) -> int:
@@ -359,8 +410,18 @@ def _handler(args) -> int:
     fc = None
     if args.block_m:
         fc = FlashConfig(args.block_m, args.block_n, args.num_warps, args.num_stages, 1, None)
+    elif args.tuned_from:
+        fc = tuned_configs(*args.tuned_from)
     if args.core:
-        run_core(args.out, warmup=args.warmup, rep=args.rep)
+        shapes = CORE_SHAPES
+        if args.core_shapes:
+            try:
+                shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.core_shapes.split(",")]
+            except ValueError:
+                shapes = []
+            if not shapes or any(len(t) != 3 for t in shapes):
+                raise InputError(f"--core-shapes {args.core_shapes!r}: expected TOKENSxHEADSxDIM[,...]")
+        run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
     elif not args.report_only:
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                  max_seconds=args.max_seconds, flash_cfg=fc)
@@ -375,9 +436,13 @@ def register_bench(grids) -> None:
     p = grids.add_parser("ulysses", help="fused Ulysses attention vs serial baselines (one GPU, loopback)")
     add_grid_options(p)
     p.add_argument("--path", choices=("host", "hbm"), default="host", help="where the other ranks' buffers live")
-    p.add_argument("--core", action="store_true", help="attention core vs cuDNN SDPA at 16K tokens, 24x128")
+    p.add_argument("--core", action="store_true",
+                   help="attention core vs cuDNN SDPA (16K tokens 24x128, 17776 tokens 30x64), a few configs")
+    p.add_argument("--core-shapes", default=None, help="with --core: TOKENSxHEADSxDIM[,...] (default both)")
     p.add_argument("--report-only", action="store_true", help="only redraw summary.md and plots from the CSV")
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new configurations after this")
+    p.add_argument("--tuned-from", action="append", default=None,
+                   help="core.csv (repeatable): use the fastest configuration per head dim")
     p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M (with the next three)")
     p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--num-warps", type=int, default=8)
