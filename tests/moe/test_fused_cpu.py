@@ -158,3 +158,14 @@ def test_buffer_reports_bytes():
     nb = buf.nbytes()
     assert nb["combine"] == 2 * 16 * 64 * 2 and nb["combine_host"] == nb["combine"]
     assert nb["recv"] == buf.rows_cap * 64 * 2 and buf.total_bytes() == sum(nb.values())
+
+
+def test_plan_reports_rows_per_destination():
+    T, E, K, H, I, R = 11, 8, 3, 64, 32, 4
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=9)
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=CFG)
+    s = plan(idx, buf, "lag:1").schedule
+    per_dest = s.dest_rows.sum(0) // s.n2  # every LINEAR2 n-block of a unit stores the same rows
+    el = E // R
+    expect = [int((((idx + r * el) % E) // el == 0).sum()) for r in range(R)]
+    assert per_dest.tolist() == expect and sum(expect) == T * K

@@ -158,3 +158,13 @@ def test_schedule_bad_names(name, match):
 def test_schedule_bad_sizes():
     with pytest.raises(InputError, match="num_ctas"):
         make_schedule("lag:1", UNITS, 0, 2, 1)
+
+
+def test_dest_rows_and_store_bytes():
+    dest = [[3, 1], [0, 4], [2, 2], [4, 0], [1, 1], [2, 0], [0, 3], [4, 0]]
+    s = make_schedule("interleaved", UNITS, 3, 2, 2, unit_rows=[sum(d) for d in dest], unit_dest_rows=dest)
+    for row, d in zip(s.tasks, s.dest_rows):
+        expect = dest[row[1]] if row[0] == LINEAR2 else [0, 0]
+        assert list(d) == expect and d.sum() == row[7]
+    b = s.store_bytes(block_n2=32, elem_bytes=2)
+    assert b.shape == (s.num_tasks, 2) and int(b.sum()) == sum(map(sum, dest)) * 2 * 32 * 2

@@ -120,8 +120,17 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _P
     rows = [min(bm, c - i * bm) for c in counts for i in range(-(-c // bm))]
     n2 = -(-buf.H // buf.cfg.block_n2)
     sched = make_schedule(schedule, experts or [0], ctas or num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
-                          unit_rows=rows or [0])
+                          unit_rows=rows or [0], unit_dest_rows=_unit_dest_rows(lay, n_units, bm, buf))
     return _Plan(lay, sched, buf.device)
+
+
+def _unit_dest_rows(lay, n_units: int, bm: int, buf: MoEBuffer):
+    """Rows of each unit per destination (source) rank, `[units, R]`, from the layout (host copy)."""
+    src = lay.row_src[: n_units * bm].cpu().view(n_units, bm).long()
+    valid = src >= 0
+    dest = torch.where(valid, src // buf.T_max, torch.zeros_like(src))
+    out = torch.zeros(n_units, buf.R, dtype=torch.int64).scatter_add_(1, dest, valid.long())
+    return out.numpy()
 
 
 def static_plan(topk_idx, buf: MoEBuffer, schedule: str) -> _Plan:

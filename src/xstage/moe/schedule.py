@@ -49,6 +49,8 @@ class Schedule:
                (within the expert), readiness value awaited, position in the global order, rows
                stored (LINEAR2: the unit's valid rows; their bytes are `store_rows * block_n2 * elem`).
     cta_start: [num_ctas + 1] int32, CTA c runs rows `cta_start[c]:cta_start[c+1]`.
+    dest_rows: [num_tasks, R] int32 or None, rows each task stores toward each destination rank
+               (LINEAR2 only; from the routing when `make_schedule` gets `unit_dest_rows`).
     """
 
     name: str
@@ -58,6 +60,12 @@ class Schedule:
     num_units: int
     tasks: np.ndarray
     cta_start: np.ndarray
+    dest_rows: np.ndarray | None = None
+
+    def store_bytes(self, block_n2: int, elem_bytes: int) -> np.ndarray:
+        """Bytes each task stores remotely: per destination `[num_tasks, R]` if known, else `[num_tasks]`."""
+        rows = self.dest_rows if self.dest_rows is not None else self.tasks[:, 7]
+        return rows.astype(np.int64) * block_n2 * elem_bytes
 
     @property
     def num_tasks(self) -> int:
@@ -164,11 +172,13 @@ def _parse(name: str):
     return base, arg
 
 
-def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=None) -> Schedule:
+def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=None,
+                  unit_dest_rows=None) -> Schedule:
     """The schedule `name` for units whose local experts are `unit_expert` (in unit order).
 
     `unit_rows` (optional, valid rows per unit) fills the `store_rows` column; `block_m` is used
-    otherwise. Raises `InputError` for unknown names or non-positive sizes.
+    otherwise. `unit_dest_rows` (optional `[units, R]`, rows of each unit per destination rank) fills
+    `dest_rows`. Raises `InputError` for unknown names or non-positive sizes.
     """
     base, arg = _parse(name)
     for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)):
@@ -193,7 +203,12 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     perm = np.argsort(cta, kind="stable")
     counts = np.bincount(cta, minlength=num_ctas)
     start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    return Schedule(name, int(num_ctas), int(n1), int(n2), n_units, table[perm].copy(), start)
+    tasks = table[perm].copy()
+    dest = None
+    if unit_dest_rows is not None:
+        per_unit = np.asarray(unit_dest_rows, dtype=np.int32).reshape(n_units, -1)
+        dest = per_unit[tasks[:, 1]] * (tasks[:, :1] == LINEAR2)
+    return Schedule(name, int(num_ctas), int(n1), int(n2), n_units, tasks, start, dest)
 
 
 def _check_order(table: np.ndarray, n1: int) -> None:
