@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xstage.comm.stages import PEER_BITS
 from xstage.errors import InputError
 
 
@@ -56,8 +57,8 @@ class UlyssesPlan:
 
     def __init__(self, world, rank, batch, seq_lens, heads, head_dim):
         seq_lens = tuple(int(s) for s in seq_lens)
-        if world < 1:
-            raise InputError(f"world size: must be >= 1, got {world}")
+        if not 1 <= world < (1 << PEER_BITS):
+            raise InputError(f"world size: must be in 1..{(1 << PEER_BITS) - 1}, got {world}")
         if not 0 <= rank < world:
             raise InputError(f"rank: must be in 0..{world - 1}, got {rank}")
         if len(seq_lens) != world or any(s < 0 for s in seq_lens) or sum(seq_lens) == 0:

@@ -342,12 +342,18 @@ def write_report(out_dir) -> Path:
                       "serial/fused": st / fr, "fused/attn": fr / at,
                       "exchange_meas_us": (fr - at) / 1e3, "exchange_model_us": pred / 1e3,
                       "fused_TFLOPs": num(f, "tflops"), "ok": f["exchange_ok"]})
+    core = out / "core.csv"
+    crows = read_rows(core) if core.exists() else []
     lines = ["# Ulysses attention: fused exchange vs serial (one GPU, loopback)", ""]
+    for label, src in (("Grid", rows), ("Attention core", crows)):
+        if src:
+            env = src[0]
+            lines += [f"{label} machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
+                      f"triton {env.get('triton')}, commit {env.get('git_commit')}, {env.get('date')}.", ""]
+    if not rows:
+        lines += ["The loopback grid has not been run yet (no `ulysses.csv`).", ""]
     if rows:
-        env = rows[0]
-        lines += [f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
-                  f"triton {env.get('triton')}, commit {env.get('git_commit')}, {env.get('date')}.", "",
-                  "Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
+        lines += ["Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
                   "batch 1. Times are medians of CUDA-event timed runs. `serial/fused` uses the fused "
                   "receiver-visible time; `exchange_meas` = fused receiver-visible - attention alone; "
                   "`exchange_model` = Burst-Gap prediction of the exchange's exposed cost ('-' where no "
@@ -362,11 +368,15 @@ def write_report(out_dir) -> Path:
                            title=f"Ulysses fused exchange: {ylabel}")
                 lines.append(f"![{ylabel}]({png})")
             lines.append("")
-    core = out / "core.csv"
-    if core.exists():
+    if crows:
         crow = [{**r, **{c: float(r[c]) for c in ("tflops", "ratio_vs_cudnn", "rel_err") if r.get(c)}}
-                for r in read_rows(core)]
+                for r in crows]
         lines += ["## Attention core vs cuDNN SDPA", "",
+                  "bf16, batch 1, non-causal, median of CUDA-event timed calls. Layout `bshd`: contiguous "
+                  "`[B, S, H, D]`; `gathered`: the Ulysses receive buffer `[S, 3, B, H, D]` read through "
+                  "strides; cuDNN runs on contiguous `[B, H, S, D]`. `rel_err`: max |Triton - cuDNN| / "
+                  "max |cuDNN|. `sass`: instruction counts of the compiled kernel (HGMMA = Hopper warpgroup "
+                  "MMA, UTMALDG = TMA loads, STL = spill stores).", "",
                   markdown_table(crow, ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n",
                                         "num_warps", "num_stages", "ctas_per_sm", "tma", "tflops",
                                         "ratio_vs_cudnn", "rel_err", "sass"]), ""]

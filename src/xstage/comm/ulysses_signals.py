@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import peer_ptr, wait_acquire
-from xstage.comm.stages import PEER_BITS, register_stage
+from xstage.comm.stages import register_stage
 
 STAGE_ULYSSES_OUTPUT = register_stage(16, "attention.ulysses_output")
 
@@ -54,7 +54,7 @@ def _wait_counters_kernel(p_sig_tab, p_sig, p_expected, p_peer, n, p_err, timeou
 
 def wait_counters(sig_table, sig_like, expected, peers, error, timeout_ns: int, *, use_ptx: bool) -> None:
     """Launch the one-program wait over `len(expected)` counters (int64 address table `sig_table`,
-    int32 `expected`, int32 `peers` naming the rank behind each counter for the error word)."""
-    assert int(peers.max()) < (1 << PEER_BITS)
+    int32 `expected`, int32 `peers` (each < 2**16) naming the rank behind each counter for the error
+    word). No host synchronisation: the launch can be captured in a CUDA graph."""
     _wait_counters_kernel[(1,)](sig_table, sig_like, expected, peers, expected.numel(), error, int(timeout_ns),
                                 STAGE=STAGE_ULYSSES_OUTPUT, WAIT=True, USE_PTX=use_ptx, num_warps=1)
