@@ -27,6 +27,7 @@ import torch
 
 from xstage.bench.grid import select
 from xstage.bench.results import ResultWriter, read_rows
+from xstage.bench.timing import time_device
 from xstage.errors import InputError
 
 SHAPES = {
@@ -227,16 +228,7 @@ class Unfused:
 
 
 def time_fn(fn, warmup=3, rep=10) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync()
-    a, b = _events(rep), _events(rep)
-    for i in range(rep):
-        a[i].record()
-        fn()
-        b[i].record()
-    _sync()
-    return sorted(a[i].elapsed_time(b[i]) * 1e6 for i in range(rep))[rep // 2]
+    return time_device(fn, warmup=warmup, rep=rep).median_ns
 
 
 def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None, warmup=3, rep=10,

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.errors import CommTimeoutError, InputError
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE = 32, 33, 34, 35
@@ -37,13 +38,8 @@ STAGE_NAMES = {
     STAGE_COMBINE_DONE: "moe.reduce_waits_combine",
     STAGE_BUFFER_FREE: "moe.combine_buffer_free",
 }
-try:
-    from xstage.comm.stages import register_stage
-
-    for _code, _name in STAGE_NAMES.items():
-        register_stage(_code, _name)
-except ImportError:
-    pass
+for _code, _name in STAGE_NAMES.items():
+    register_stage(_code, _name)
 
 MAX_BUFFER_BYTES = 96 << 30
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -214,7 +210,7 @@ class MoEBuffer:
         code, count = self.err.tolist()
         if code:
             self.err.zero_()
-            stage, peer = code >> 16, code & 0xFFFF
+            stage, peer = decode_error(code)
             raise CommTimeoutError(
-                f"rank {self.rank}: timed out waiting for peer {peer} at stage "
-                f"{STAGE_NAMES.get(stage, stage)} ({count} timed-out waits)")
+                f"rank {self.rank}: timed out waiting for peer {peer} at stage {stage_name(stage)} "
+                f"({count} timed-out waits)")

@@ -23,33 +23,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xstage.comm.device import wait_acquire
-
-
-@triton.jit
-def _now_ns(USE_PTX: tl.constexpr):
-    if USE_PTX:
-        t = tl.inline_asm_elementwise(
-            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
-        )
-    else:
-        t = tl.full([], 0, tl.int64)
-    return t
+from xstage.comm.device import globaltimer, wait_acquire
 
 
 @triton.jit
 def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.constexpr, USE_PTX: tl.constexpr):
-    """Poll `*p_flag` (acquire) until it reaches `target` or the bound runs out; 1 if reached."""
+    """Poll `*p_flag` (acquire, `SCOPE`) until it reaches `target` or the bound runs out; 1 if reached.
+
+    Unlike `wait_acquire` (system scope, for flags other ranks write) this polls at GPU scope and
+    bounds the interpreter by `max_spins`: it guards the local readiness counters between tasks."""
     v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
     if v < target:
-        t0 = _now_ns(USE_PTX)
+        t0 = globaltimer(USE_PTX)
         elapsed = t0 - t0
         spins = 0
         while (v < target) & (elapsed < timeout_ns) & (spins < max_spins):
             v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
             spins += 1
             if USE_PTX:
-                elapsed = _now_ns(USE_PTX) - t0
+                elapsed = globaltimer(USE_PTX) - t0
         if v < target:
             tl.atomic_cas(p_err, 0, code)
             tl.atomic_add(p_err + 1, 1)
