@@ -189,7 +189,7 @@ def tuned_configs(*core_csvs) -> dict:
         d, tf = int(r["dim"]), float(r["tflops"])
         if d not in best or tf > best[d][0]:
             best[d] = (tf, FlashConfig(int(r["block_m"]), int(r["block_n"]), int(r["num_warps"]),
-                                       int(r["num_stages"]), int(r["ctas_per_sm"]), bool(int(r["tma"])) or None))
+                                       int(r["num_stages"]), int(r["ctas_per_sm"]), bool(int(r["tma"]))))
     return {d: c for d, (_, c) in best.items()}
 
 
