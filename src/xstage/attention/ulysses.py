@@ -94,19 +94,16 @@ def fused_state(ctx, plan: UlyssesPlan, dtype: torch.dtype, block_m: int) -> Fus
     tok0 = plan.tok0
     if ctx.loopback:
         # Counters stay in device memory even on the host path: the tiles cross the path, the
-        # counters only mark them, and the sender's own GPU is the one that waits.
+        # counters only mark them, and the sender's own GPU is the one that waits, for every
+        # destination's counter of this source.
         sig = torch.zeros(P, dtype=torch.int32, device=dev)
-        sig_table = sig_addrs = torch.tensor([sig[p].data_ptr() for p in range(P)], dtype=torch.int64,
-                                             device=dev)
         expected = [expected_tiles(tok0, heads, B, block_m, p)[r] for p in range(P)]
-        peers = list(range(P))
     else:
         sig_buf = ctx.alloc(tag + ".sig", (P,), torch.int32)
         sig = sig_buf.local
-        sig_table = sig_buf.ptrs + 4 * r
-        sig_addrs = torch.tensor([sig[p].data_ptr() for p in range(P)], dtype=torch.int64, device=dev)
         expected = expected_tiles(tok0, heads, B, block_m, r)
-        peers = list(range(P))
+    sig_addrs = torch.tensor([sig[p].data_ptr() for p in range(P)], dtype=torch.int64, device=dev)
+    sig_table = sig_addrs if ctx.loopback else sig_buf.ptrs + 4 * r  # this source's slot on every rank
     exchange = Exchange(
         dst_table=out.ptrs, row0=torch.tensor(tok0, dtype=torch.int32, device=dev),
         batch_stride=s_max * H * D, head_offset=plan.head0[r], sig_table=sig_table, sig_like=sig,
@@ -114,7 +111,7 @@ def fused_state(ctx, plan: UlyssesPlan, dtype: torch.dtype, block_m: int) -> Fus
     )
     state = FusedState(plan, out, sig, exchange, sig_addrs,
                        torch.tensor(expected, dtype=torch.int32, device=dev),
-                       torch.tensor(peers, dtype=torch.int32, device=dev))
+                       torch.arange(P, dtype=torch.int32, device=dev))
     cache[key] = state
     return state
 
