@@ -169,3 +169,28 @@ def test_plan_reports_rows_per_destination():
     el = E // R
     expect = [int((((idx + r * el) % E) // el == 0).sum()) for r in range(R)]
     assert per_dest.tolist() == expect and sum(expect) == T * K
+
+
+def test_partial_last_output_block_and_repeated_calls():
+    # H=96 with block_n2=64: the last Linear-2 block is half masked.
+    cfg = BlockConfig(block_m=16, block_n1=16, block_n2=64, block_k=32, block_d=32)
+    T, E, K, H, I, R = 7, 4, 2, 96, 32, 2
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float32, seed=11)
+    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float32, config=cfg)
+    w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+    ref = _reference(x, idx, w, l1, l2, R)
+    for s in ("interleaved", "lag:0"):
+        torch.testing.assert_close(fused_moe(x, idx, w, w1t, w2, buf, schedule=s).double(), ref,
+                                   **TOL[torch.float32])
+
+
+def test_routing_beyond_capacity_is_refused():
+    T, E, K, H, I, R = 64, 4, 2, 64, 32, 1
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=4)
+    idx = torch.tensor([[0, 1]] * T)  # every token to the same two experts: 128 rows, capacity 96
+    buf = MoEBuffer(T, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=CFG,
+                    capacity_factor=0.25)
+    assert buf.rows_cap == 96
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    with pytest.raises(InputError, match="exceed the buffer capacity"):
+        fused_moe(x, idx, w, w1t, w2, buf)
