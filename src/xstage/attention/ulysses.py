@@ -281,6 +281,9 @@ def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedSt
         staged = stage.peers[p][:chunk.numel()].view(chunk.shape)
         staged.copy_(chunk if chunk.is_contiguous() else chunk.contiguous(), non_blocking=True)
         if unpack:
+            if staged.device.type == "cpu" and og.is_cuda:
+                # the receiver's unpack runs on the host here: wait for the asynchronous copy to land
+                torch.cuda.current_stream(og.device).synchronize()
             state.out.peers[p][:, :plan.seq_lens[p], h0:h1].copy_(staged.transpose(0, 1))
 
 
