@@ -194,3 +194,19 @@ def test_routing_beyond_capacity_is_refused():
     w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
     with pytest.raises(InputError, match="exceed the buffer capacity"):
         fused_moe(x, idx, w, w1t, w2, buf)
+
+
+def test_residency_check_refuses_too_many_ctas(monkeypatch):
+    from types import SimpleNamespace
+
+    from xstage.moe.fused import _check_residency
+
+    props = SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: props)
+    kernel = SimpleNamespace(n_regs=255, metadata=SimpleNamespace(shared=147456))
+    cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32, num_warps=8, ctas_per_sm=2)
+    buf = MoEBuffer(4, 4, 2, 64, 32, LoopbackGroup(1), device="cpu", dtype=torch.float16, config=cfg)
+    with pytest.raises(InputError, match="ctas_per_sm=2: only 1 CTA"):
+        _check_residency(kernel, buf)
+    small = SimpleNamespace(n_regs=64, metadata=SimpleNamespace(shared=32768))
+    _check_residency(small, buf)  # 4 warps' worth of registers and 32 KiB: two fit

@@ -88,7 +88,11 @@ def _all_topk(topk_idx: torch.Tensor, buf: MoEBuffer) -> torch.Tensor:
 
 
 def num_ctas(buf: MoEBuffer) -> int:
-    """Co-resident CTAs: SMs x CTAs per SM (1 under the interpreter, where programs run in turn)."""
+    """Co-resident CTAs: SMs x CTAs per SM (1 under the interpreter, where programs run in turn).
+
+    One CTA per SM unless `BlockConfig.ctas_per_sm` asks for more; then the first launch checks the
+    compiled kernel's registers and shared memory against the SM and raises `InputError` if they do
+    not fit (the bounded waits turn the unlucky first launch into a timeout, not a hang)."""
     if buf.device.type != "cuda" or _INTERPRET:
         return 1
     sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
@@ -165,7 +169,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
     c = buf.cfg
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     opts = {} if _INTERPRET else dict(num_warps=c.num_warps, num_stages=c.num_stages)
-    return kernels.moe_main_kernel[(p.schedule.num_ctas,)](
+    compiled = kernels.moe_main_kernel[(p.schedule.num_ctas,)](
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
         x if buf.loopback else buf.x_buf, buf.x_delta, buf.recv, w1t, w2, buf.act, buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
@@ -174,6 +178,21 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
         WAIT=wait, USE_PTX=use_ptx, **opts,
     )
+    if compiled is not None and buf.cfg.ctas_per_sm > 1:
+        _check_residency(compiled, buf)
+    return compiled
+
+
+def _check_residency(compiled, buf: MoEBuffer) -> None:
+    """Refuse a grid larger than the CTAs that fit on the SMs at once (its waits could never end)."""
+    props = torch.cuda.get_device_properties(buf.device)
+    regs = max(1, int(getattr(compiled, "n_regs", 0) or 0)) * 32 * buf.cfg.num_warps
+    smem = max(1, int(compiled.metadata.shared))
+    smem_per_sm = getattr(props, "shared_memory_per_multiprocessor", 233472)
+    fit = min(props.regs_per_multiprocessor // regs, smem_per_sm // smem)
+    if buf.cfg.ctas_per_sm > fit:
+        raise InputError(f"ctas_per_sm={buf.cfg.ctas_per_sm}: only {fit} CTA(s) of this kernel fit on an SM "
+                         f"({compiled.n_regs} registers x {buf.cfg.num_warps} warps, {smem} bytes shared)")
 
 
 def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True):
