@@ -90,6 +90,22 @@ def test_loopback_layout_and_values(world, rank, H, seq, dtype, mode, device):
     ctx.close()
 
 
+def test_fused_counters_count_every_tile_once(device):
+    # 3 ranks of 23, 22, 22 tokens: 32-row query tiles straddle the ranks' boundaries
+    world, rank, H, seq = 3, 1, 5, [23, 22, 22]
+    plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
+    bm = 32 if device == "cpu" else 128
+    state = fused_state(ctx, plan, torch.float16, bm)
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    qf, kf, vf = (t.index_select(1, loopback_index(plan, device))[:, :, h0:h1] for t in (q, k, v))
+    run_fused(state, ctx, qf, kf, vf, wait=False)
+    assert state.sig.tolist() == state.wait_expected.tolist()
+    brute = [sum(1 for i in range(0, sum(seq), bm) for _ in range(2 * (h1 - h0))
+                 if i < plan.tok0[p + 1] and i + bm > plan.tok0[p]) for p in range(world)]
+    assert state.sig.tolist() == brute
+    ctx.close()
+
+
 def test_fused_counters_reset_and_timeout(device):
     world, rank, H, seq = 3, 0, 3, [20, 20, 20]
     plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
