@@ -68,11 +68,14 @@ def test_periodic_steady_state_matches_closed_form(exp):
     assert {e["gap_ns"] for e in exp["periodic"] if e["gap_iters"] == 1000} == {1000 * NS_PER_GAP_ITER}
 
 
-def test_holdout_split_is_disjoint_and_deterministic():
+def test_holdout_split_is_disjoint_deterministic_and_stratified():
     cfgs = [("host", n, b) for n in (1, 2, 4) for b in (4096, 8192, 16384)]
     calib, held = holdout_split(list(reversed(cfgs)))
     assert len(held) == 2 and not set(calib) & set(held) and set(calib) | set(held) == set(cfgs)
     assert holdout_split(cfgs) == (calib, held)
+    multi = [c for c in cfgs if c[1] == 4]
+    calib, held = holdout_split(cfgs, multi)
+    assert held == sorted([multi[1], ("host", 1, 8192), ("host", 2, 16384)])
 
 
 def test_fit_recovers_parameters_and_predicts_held_out(tmp_path):

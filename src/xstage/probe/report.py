@@ -6,10 +6,11 @@
 with the figures and a short text.
 
 Fit and held-out check: the summary rows of the default kernel shape (8 warps, 16-byte stores, one
-CTA per SM; the model has no term for the other knobs) become `xstage.model.data.Observations`.
-Configurations (path, n_sm, burst_bytes) are sorted and every `HOLDOUT_EVERY`-th one (starting at
-the second) is held out; `xstage.model.fit.fit_path` fits the rest (with bootstrap intervals) and
-the held-out CTA-median issue times are predicted and compared (relative error, every
+CTA per SM; the model has no term for the other knobs) are pooled over repeats and become
+`xstage.model.data.Observations`. Configurations (path, n_sm, burst_bytes) are sorted and every
+`HOLDOUT_EVERY`-th one (starting at the second; separately among those with multi-burst launches
+and the others) is held out; `xstage.model.fit.fit_path` fits the rest (with bootstrap intervals)
+and the held-out CTA-median issue times are predicted and compared (relative error, every
 configuration weighing equally, as `xstage.model.fit.evaluate_loco` does).
 
 Example:
@@ -70,11 +71,15 @@ def pool_for_fit(rows: list[dict]) -> list[dict]:
     return out
 
 
-def holdout_split(configs: list[tuple]) -> tuple[list[tuple], list[tuple]]:
-    """(calibration, held-out) configurations: every HOLDOUT_EVERY-th of the sorted list, from the second."""
-    configs = sorted(configs)
-    held = [c for i, c in enumerate(configs) if i % HOLDOUT_EVERY == 1]
-    return [c for c in configs if c not in held], held
+def holdout_split(configs: list[tuple], multi_burst=()) -> tuple[list[tuple], list[tuple]]:
+    """(calibration, held-out) configurations: every HOLDOUT_EVERY-th of the sorted list, from the
+    second, taken separately among the configurations with multi-burst launches (`multi_burst`) and
+    the others, so that periodic and two-burst behaviour is held out as well as first bursts."""
+    multi = set(multi_burst)
+    held = []
+    for group in (sorted(c for c in configs if c in multi), sorted(c for c in configs if c not in multi)):
+        held += [c for i, c in enumerate(group) if i % HOLDOUT_EVERY == 1]
+    return sorted(c for c in configs if c not in held), sorted(held)
 
 
 def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, structure: str | None = None) -> dict:
@@ -88,7 +93,8 @@ def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, struct
         raise InputError(f"fit: no summary rows of path {path} with the default kernel shape {DEFAULT_KNOBS}")
     obs = observations_from_rows(rows, source=f"probe {path}")
     keys = obs.config_keys()
-    calib, held = holdout_split(obs.configs())
+    multi = {k for k, nb in zip(keys, obs.n_bursts) if nb > 1}
+    calib, held = holdout_split(obs.configs(), multi)
     m_held = np.array([k in set(held) for k in keys])
     res = fit_path(obs.select(~m_held), structure=structure or DEFAULT_STRUCTURE, bootstrap=bootstrap)
     test = obs.select(m_held)
@@ -108,7 +114,7 @@ def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, struct
     heldout = {"median_rel_error": weighted_quantile(np.abs(rel), w, 0.5),
                "p90_rel_error": weighted_quantile(np.abs(rel), w, 0.9), "n_configs": len(held),
                "rule": f"every {HOLDOUT_EVERY}th configuration (path, n_sm, burst_bytes) of the sorted list, "
-                       "from the second, held out of the fit"}
+                       "from the second, among those with multi-burst launches and among the others"}
     return {
         "profile": _profile(res, obs.select(~m_held), heldout, bootstrap).to_dict(),
         "path": path, "structure": res.structure, "params": res.params.to_dict(),
