@@ -37,12 +37,15 @@ def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.const
         t0 = globaltimer(USE_PTX)
         elapsed = t0 - t0
         spins = 0
-        while (v < target) & (elapsed < timeout_ns) & (spins < max_spins):
+        # Give up at once when another wait already timed out, so timeouts cannot queue up.
+        err = tl.load(p_err, volatile=True)
+        while (v < target) & (elapsed < timeout_ns) & (spins < max_spins) & (err == 0):
             v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
             spins += 1
+            err = tl.load(p_err, volatile=True)
             if USE_PTX:
                 elapsed = globaltimer(USE_PTX) - t0
-        if v < target:
+        if (v < target) & (err == 0):
             tl.atomic_cas(p_err, 0, code)
             tl.atomic_add(p_err + 1, 1)
     return v >= target
