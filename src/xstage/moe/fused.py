@@ -164,19 +164,27 @@ def _bounds(buf: MoEBuffer, timeout_ns: int):
     return use_ptx, (2000 * 64 if buf.loopback else 2**26), 2000
 
 
-def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True):
-    """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal)."""
+def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True,
+                trace: torch.Tensor | None = None):
+    """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
+
+    `trace` (int64 `[num_tasks, 2]`, optional) receives each task's `%globaltimer` after its
+    dependency wait and after its last store, in schedule-table row order (tile-cost calibration)."""
+    if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 2)
+                              or trace.device != buf.device):
+        raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 2] on {buf.device}, "
+                         f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
     c = buf.cfg
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     opts = {} if _INTERPRET else dict(num_warps=c.num_warps, num_stages=c.num_stages)
     compiled = kernels.moe_main_kernel[(p.schedule.num_ctas,)](
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
         x if buf.loopback else buf.x_buf, buf.x_delta, buf.recv, w1t, w2, buf.act, buf.combine, buf.comb_delta,
-        buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
+        buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
         buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins,
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        WAIT=wait, USE_PTX=use_ptx, **opts,
+        WAIT=wait, USE_PTX=use_ptx, TRACE=trace is not None, **opts,
     )
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
         _check_residency(compiled, buf)

@@ -125,11 +125,11 @@ def _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_
 def moe_main_kernel(
     p_tasks, p_cta_start, p_units, p_row_src, p_row_slot,
     p_x, p_x_delta, p_recv, p_w1, p_w2, p_act, p_comb, p_comb_delta,
-    p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err,
+    p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace,
     rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins,
     STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
-    BK: tl.constexpr, BD: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr,
+    BK: tl.constexpr, BD: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -150,19 +150,28 @@ def moe_main_kernel(
         row0 = tl.load(p_units + u * 4 + 1)
         n_rows = tl.load(p_units + u * 4 + 2)
         if n_rows > 0:
+            if WAIT:
+                if kind == 1:
+                    wait_geq(p_ready + u, 1, p_err, STAGE_L1 * 65536 + rank, timeout_ns, max_spins,
+                             "gpu", USE_PTX)
+                elif kind == 2:
+                    wait_geq(p_ready + u, 1 + n1, p_err, STAGE_L2 * 65536 + rank, timeout_ns, max_spins,
+                             "gpu", USE_PTX)
+            if TRACE:
+                t_go = globaltimer(USE_PTX)
             if kind == 0:
                 _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD)
             elif kind == 1:
-                if WAIT:
-                    wait_geq(p_ready + u, 1, p_err, STAGE_L1 * 65536 + rank, timeout_ns, max_spins,
-                             "gpu", USE_PTX)
                 _linear1(u, e, row0, n_rows, nb, p_recv, p_w1, p_act, p_ready, H, I, BM, BN1, BK)
             else:
-                if WAIT:
-                    wait_geq(p_ready + u, 1 + n1, p_err, STAGE_L2 * 65536 + rank, timeout_ns, max_spins,
-                             "gpu", USE_PTX)
                 _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
                          T_STRIDE, H, I, BM, BN2, BK)
+            if TRACE:
+                # Tile cost without its dependency wait: the timer after the CTA's last store issued.
+                tl.debug_barrier()
+                t_done = globaltimer(USE_PTX)
+                tl.store(p_trace + ti.to(tl.int64) * 2, t_go)
+                tl.store(p_trace + ti.to(tl.int64) * 2 + 1, t_done)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:

@@ -49,6 +49,66 @@ def run_plan_moe(args) -> int:
     return 0
 
 
+def _progress(label: str):
+    import sys
+
+    def cb(done: int, total: int) -> None:
+        end = "\n" if done == total else ""
+        print(f"\r{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    return cb
+
+
+def run_calibrate(args) -> int:
+    from xstage.bench.report import markdown_table
+    from xstage.cli import emit
+    from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
+
+    out = Path(args.out)
+    shapes = args.shapes.split(",") if args.shapes else list(CALIBRATION_SHAPES)
+    costs, per_shape = calibrate_moe(shapes, tokens=args.tokens, block_spec=args.block, reps=args.reps,
+                                     progress=_progress("calibrate"))
+    out.mkdir(parents=True, exist_ok=True)
+    costs.save(out / "moe-task-costs.json")
+    from xstage.bench.results import ResultWriter
+
+    w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]), key_columns=["shape", "block", "kind"])
+    w.write_many(r for r in per_shape if not w.done(r))
+    table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate,
+              "max_err": costs.quality[k]["max_abs_rel_error"]} for k, c in costs.kinds.items()]
+    emit({"costs": costs.to_dict(), "tiles": per_shape}, args.json,
+         markdown_table(per_shape, list(per_shape[0])) + "\n\n" + markdown_table(table, list(table[0]))
+         + f"\nwritten to {out}/moe-task-costs.json")
+    return 0
+
+
+def run_validate(args) -> int:
+    from xstage.bench.plots import plot_lines
+    from xstage.bench.report import markdown_table
+    from xstage.bench.results import read_rows
+    from xstage.cli import emit
+    from xstage.model.data import write_csv_atomic
+    from xstage.sched.costs import TaskCosts, load_default_costs
+    from xstage.sched.validate import validate_moe
+
+    _, params = _load_path_params(args.profile)
+    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("moe")
+    rows = read_rows(args.results)
+    if args.only:
+        from xstage.bench.grid import select
+
+        rows = select(rows, args.only)
+    out_rows, summary = validate_moe(rows, params, costs, progress=_progress("validate"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
+    plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
+               ["shape", "schedule"], out / "validation.png", logx=True, hline=1.0,
+               ylabel="predicted / measured kernel time", title="MoE kernel: model vs measurement")
+    emit(summary, args.json, markdown_table([summary], list(summary)) + f"\nwritten to {out}/validation.csv")
+    return 0
+
+
 def register(sub) -> None:
     p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
     kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
@@ -65,4 +125,20 @@ def register(sub) -> None:
     m.add_argument("--plot", help="write the best candidate's timeline PNG here")
     m.add_argument("--json", action="store_true", help="print JSON")
     m.set_defaults(handler=run_plan_moe)
+    c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
+    c.add_argument("-o", "--out", required=True, help="output folder (moe-task-costs.json, moe-tiles.csv)")
+    c.add_argument("--shapes", help="comma-separated shapes (default: the four benchmark shapes)")
+    c.add_argument("--tokens", type=int, default=4096, help="tokens per rank of the traced runs")
+    c.add_argument("--block", help="tile config BM:BN1:BN2:BK:WARPS:STAGES (default: the benchmark's)")
+    c.add_argument("--reps", type=int, default=3, help="traced runs per shape (median)")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(handler=run_calibrate)
+    v = kinds.add_parser("validate", help="predicted vs measured MoE kernel times from `xstage bench moe` results")
+    v.add_argument("results", help="moe.csv written by `xstage bench moe`")
+    v.add_argument("-o", "--out", required=True, help="output folder (validation.csv, validation.png)")
+    v.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
+    v.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
+    v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only matching rows")
+    v.add_argument("--json", action="store_true", help="print JSON")
+    v.set_defaults(handler=run_validate)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

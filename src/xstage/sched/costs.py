@@ -43,10 +43,13 @@ class TaskCosts:
     provenance: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
 
-    def cost(self, kind: str) -> KindCost:
-        if kind not in self.kinds:
-            raise InputError(f"task costs of {self.kernel}: no kind {kind!r}; have {sorted(self.kinds)}")
-        return self.kinds[kind]
+    def cost(self, kind: str, block: str | None = None) -> KindCost:
+        """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`)."""
+        for key in ((f"{kind}@{block}", kind) if block else (kind,)):
+            if key in self.kinds:
+                return self.kinds[key]
+        want = f"{kind}@{block}" if block else kind
+        raise InputError(f"task costs of {self.kernel}: nothing measured for {want!r}; have {sorted(self.kinds)}")
 
     def to_dict(self) -> dict:
         return {

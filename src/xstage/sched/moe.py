@@ -42,11 +42,12 @@ class MoeConfig:
     block_m: int = 128
     block_n1: int = 128
     block_n2: int = 256
+    block_k: int = 64
     elem_bytes: int = 2
 
     def __post_init__(self):
         for name in ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep", "block_m",
-                     "block_n1", "block_n2", "elem_bytes"):
+                     "block_n1", "block_n2", "block_k", "elem_bytes"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"MoE config {name}={v!r}: must be a positive integer")
@@ -69,6 +70,11 @@ class MoeConfig:
     @property
     def shape(self) -> str:
         return f"H{self.hidden}/I{self.intermediate}/E{self.num_experts}/top{self.topk}"
+
+    @property
+    def block(self) -> str:
+        """Tile config key `BMxBN1xBN2xBK`, as in benchmark rows and task costs."""
+        return f"{self.block_m}x{self.block_n1}x{self.block_n2}x{self.block_k}"
 
     @property
     def local_experts(self) -> int:
@@ -106,7 +112,8 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
     n1 = cfg.intermediate // cfg.block_n1
     n2 = -(-cfg.hidden // cfg.block_n2)
     table = make_schedule(schedule, experts, num_ctas, n1, n2, unit_rows=rows)
-    kind_time = {k: costs.cost(KIND_NAMES[k]).time_ns(task_work(cfg, k)) for k in (DISPATCH, LINEAR1, LINEAR2)}
+    kind_time = {k: costs.cost(KIND_NAMES[k], cfg.block).time_ns(task_work(cfg, k))
+                 for k in (DISPATCH, LINEAR1, LINEAR2)}
     remote_share = (cfg.ep - 1) / cfg.ep
     n_cols = min(cfg.block_n2, cfg.hidden)
 

@@ -1,0 +1,100 @@
+"""Measure the fused MoE kernel's own tile costs on the GPU (`xstage plan calibrate`).
+
+The kernel runs at EP=1 (no remote stores) with `trace=` on, which records `%globaltimer` after each
+task's dependency wait and after its last store: the task's compute time with every SM busy, as in
+the real kernel. Per shape and task kind the median over tasks is taken; per kind and block config
+`overhead_ns + work / rate` is fitted over the shapes (work = FLOPs of the padded tile, bytes for
+dispatch), so the costs carry over to shapes between the calibrated ones. Quality: each shape's
+median against the fit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xstage.errors import InputError
+from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
+from xstage.sched.costs import KindCost, TaskCosts
+from xstage.sched.moe import MoeConfig, task_work
+
+CALIBRATION_SHAPES = ("H4096-I2048-E256-K6", "H7168-I3072-E384-K6", "H4096-I1536-E128-K8", "H1152-I4608-E8-K2")
+
+
+def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0):
+    """Per task of one EP=1 run: kind and median traced duration (ns) over `reps` runs."""
+    import torch
+
+    from xstage.bench.moe import SHAPES, Problem, block_for
+    from xstage.moe.fused import launch_main, plan
+
+    if not torch.cuda.is_available():
+        raise InputError("xstage plan calibrate: needs a CUDA GPU (the tiles are timed in the kernel)")
+    cfg = block_for(shape, tokens, 1, block_spec)
+    pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed)
+    p = plan(pb.idx, pb.buf, "expert_wave")
+    trace = torch.zeros(p.schedule.num_tasks, 2, dtype=torch.int64, device="cuda")
+    runs = []
+    for _ in range(reps + 1):  # the first run compiles and warms up
+        trace.zero_()
+        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p, trace=trace)
+        torch.cuda.synchronize()
+        pb.buf.check()
+        runs.append((trace[:, 1] - trace[:, 0]).cpu().numpy())
+    dur = np.median(np.stack(runs[1:]), axis=0).astype(float)
+    kinds = p.schedule.tasks[:, 0]
+    H, I, E, K = SHAPES[shape]
+    mcfg = MoeConfig(hidden=H, intermediate=I, num_experts=E, topk=K, tokens_per_rank=tokens, ep=1,
+                     block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k)
+    valid = p.schedule.tasks[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
+    return mcfg, cfg, kinds[valid], dur[valid]
+
+
+def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
+    """Least squares `time = overhead + work / rate` (overhead clipped at 0: then a pure rate)."""
+    if len(works) == 1 or np.ptp(works) == 0:
+        return KindCost(0.0, float(np.mean(works / times)))
+    slope, icpt = np.polyfit(works, times, 1)
+    if slope <= 0:
+        raise InputError("calibration: tile time does not grow with tile work; the measurement is broken")
+    if icpt < 0:
+        return KindCost(0.0, float(np.sum(works * works) / np.sum(works * times)))
+    return KindCost(float(icpt), float(1.0 / slope))
+
+
+def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens: int = 4096, block_spec: str | None = None, reps: int = 3,
+                  progress=None) -> tuple[TaskCosts, list[dict]]:
+    """Trace every shape, fit per-kind costs; returns the costs and the per-shape medians."""
+    from xstage.env import environment
+
+    per_shape = []
+    blocks = set()
+    for i, shape in enumerate(shapes):
+        mcfg, cfg, kinds, dur = trace_tasks(shape, tokens, block_spec, reps)
+        blocks.add(mcfg.block)
+        for k in (DISPATCH, LINEAR1, LINEAR2):
+            sel = dur[kinds == k]
+            sel = sel[sel > 0]
+            if len(sel):
+                per_shape.append({"shape": shape, "block": mcfg.block, "kind": KIND_NAMES[k],
+                                  "work": task_work(mcfg, k), "median_ns": float(np.median(sel)),
+                                  "p10_ns": float(np.quantile(sel, 0.1)), "p90_ns": float(np.quantile(sel, 0.9)),
+                                  "tasks": int(len(sel))})
+        if progress:
+            progress(i + 1, len(shapes))
+    kinds: dict[str, KindCost] = {}
+    quality: dict[str, dict] = {}
+    for block in sorted(blocks):
+        for name in KIND_NAMES:
+            rows = [r for r in per_shape if r["kind"] == name and r["block"] == block]
+            if not rows:
+                continue
+            w = np.array([r["work"] for r in rows])
+            t = np.array([r["median_ns"] for r in rows])
+            cost = fit_kind(w, t)
+            kinds[f"{name}@{block}"] = cost
+            rel = [cost.time_ns(r["work"]) / r["median_ns"] - 1 for r in rows]
+            quality[f"{name}@{block}"] = {"max_abs_rel_error": float(np.max(np.abs(rel))), "shapes": len(rows)}
+    env = environment()
+    prov = {k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
+    prov.update({"tokens": tokens, "shapes": list(shapes), "method": "in-kernel %globaltimer per task, EP=1"})
+    return TaskCosts("moe", kinds, prov, quality), per_shape
