@@ -10,8 +10,9 @@ them (median over launches) to what each sweep is for:
   exceeds twice burst 0's plus 200 ns; None when no burst does: never backpressured, or already
   backpressured in burst 0) and the steady issue time (median over the second half);
 - `twoburst`: per (n_sm, burst): the slope of the second burst's issue time against the measured
-  gap where the second burst is backpressured (the model says exactly -1), and the gap at which
-  the second burst is back within 20% of the first;
+  gap where the second burst is backpressured (more than 20% above the smaller of burst 0's time
+  and its own after the longest gap; the model says exactly -1), and the gap at which the second
+  burst is back within 20% of the first (None when it never was 20% above it);
 - `completion`: per n_sm a line through (aggregate bytes, completion): drain rate = 1/slope,
   latency = intercept;
 - `knobs`, `peers`: issue times side by side.
@@ -130,14 +131,19 @@ def _twoburst(rows):
                 pts.append((per[1]["gap_ns"], per[1]["issue_ns"], per[0]["issue_ns"]))
         pts.sort()
         i0 = float(np.median([p[2] for p in pts]))
-        bp = [(g, t) for g, t, _ in pts if t > RECOVERED_FACTOR * i0 and g > 0]
+        # Backpressured: above the free issue time, the smaller of burst 0's (stalled itself when
+        # the burst overflows the windows) and the second burst's after the longest gap.
+        free = min(i0, pts[-1][1])
+        bp = [(g, t) for g, t, _ in pts if t > RECOVERED_FACTOR * free and g > 0]
         slope = r2 = math.nan
         if len(bp) >= 3:
             x, y = np.array(bp).T
             slope, icpt = np.polyfit(x, y, 1)
             resid = y - (slope * x + icpt)
             r2 = 1.0 - float(resid @ resid) / max(float(((y - y.mean()) ** 2).sum()), 1e-30)
-        recovered = next((g for g, t, _ in pts if t <= RECOVERED_FACTOR * i0), None)
+        recovered = None
+        if pts[0][1] > RECOVERED_FACTOR * i0:
+            recovered = next((g for g, t, _ in pts if t <= RECOVERED_FACTOR * i0), None)
         out.append({"n_sm": n, "burst_bytes": b, "issue0_ns": i0, "points_backpressured": len(bp),
                     "slope": float(slope), "r2": float(r2), "recovery_gap_ns": recovered,
                     "points": [{"gap_ns": g, "issue2_ns": t} for g, t, _ in pts]})
