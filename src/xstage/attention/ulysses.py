@@ -13,7 +13,8 @@ Algorithm (P ranks, rank r owns heads `head0[r]:head0[r+1]` after the first exch
    `mode="serial"`: the same kernel writes a local output, then one all-to-all moves it.
 
 Any head count and sequence length work: heads and tokens are split with the first `n % P` ranks
-taking one more; pass `seq_lens` (every rank's token count) when the ranks' counts differ.
+taking one more. The ranks' token counts are gathered from the group unless `seq_lens` gives them
+(pass it to save that collective, and always under CUDA graph capture when the counts differ).
 
 Groups: `group` (a ProcessGroup, default the world group) runs the pre-attention all-to-all through
 torch.distributed (NCCL, or gloo for ranks sharing one GPU) and the fused exchange through a
@@ -161,6 +162,19 @@ def _resolve(group, comm, mode):
     return dist.get_world_size(group), dist.get_rank(group), None, group
 
 
+def _capturing(q: torch.Tensor) -> bool:
+    return q.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _gather_seq_lens(s_r: int, world: int, group) -> list[int]:
+    """Every rank's token count (one small collective; pass `seq_lens` to avoid it)."""
+    import torch.distributed as dist
+
+    lens: list = [None] * world
+    dist.all_gather_object(lens, int(s_r), group=group)
+    return [int(s) for s in lens]
+
+
 def _group_context(group):
     from xstage.comm import create_context
 
@@ -206,7 +220,8 @@ def ulysses_attention(
     `group`: ProcessGroup (None: the world group). `comm`: an `xstage.comm` context instead (a
     loopback context makes one device play one rank). `mode`: "fused" (exchange in the kernel's
     epilogue) or "serial" (kernel, then the exchange). `seq_lens`: every rank's token count (default:
-    all equal to this rank's). `check`: after a fused run, synchronise and raise `CommTimeoutError`
+    gathered from the group, one small collective; on a loopback context or during CUDA graph
+    capture all equal to this rank's). `check`: after a fused run, synchronise and raise `CommTimeoutError`
     if a counter wait timed out (skipped while a CUDA graph is being captured).
 
     Example: see the module docstring.
@@ -216,7 +231,9 @@ def ulysses_attention(
     B, s_r, H, D = q.shape
     if k.shape != q.shape:
         raise InputError(f"k, v: expected the local shape of q {list(q.shape)}, got {list(k.shape)}")
-    seq_lens = [s_r] * world if seq_lens is None else [int(s) for s in seq_lens]
+    if seq_lens is None:
+        seq_lens = [s_r] * world if ctx is not None or _capturing(q) else _gather_seq_lens(s_r, world, group)
+    seq_lens = [int(s) for s in seq_lens]
     plan = UlyssesPlan(world, rank, B, seq_lens, H, D)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_local(plan, name, t)
@@ -235,7 +252,7 @@ def ulysses_attention(
             ctx = _group_context(group)
         state = fused_state(ctx, plan, q.dtype, cfg.block_m)
         run_fused(state, ctx, qg, kg, vg, softmax_scale=softmax_scale, config=cfg)
-        if check and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if check and not _capturing(q):
             ctx.check()
         # A copy, so that the next call's stores cannot overwrite what the caller holds.
         out = state.own_output().clone()
