@@ -81,8 +81,8 @@ def _tile_coords(tile, n_m, H):
 
 
 @triton.jit
-def _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, MASK: tl.constexpr):
-    b_s = tl.dot(b_q, tl.trans(b_k))  # [BM, BN] fp32
+def _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, MASK: tl.constexpr, PREC: tl.constexpr):
+    b_s = tl.dot(b_q, tl.trans(b_k), input_precision=PREC)  # [BM, BN] fp32
     if MASK:
         b_s = tl.where((o_n < kv_len)[None, :], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, 1) * qk_scale)  # [BM]
@@ -90,7 +90,7 @@ def _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, MASK: tl.
     b_alpha = tl.math.exp2(b_m - b_m_new)
     b_l = b_l * b_alpha + tl.sum(b_p, 1)
     b_acc = b_acc * b_alpha[:, None]
-    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc)  # [BM, D]
+    b_acc = tl.dot(b_p.to(b_v.dtype), b_v, b_acc, input_precision=PREC)  # [BM, D]
     return b_acc, b_m_new, b_l
 
 
@@ -103,7 +103,7 @@ def _attn_fwd_kernel(
     H, S_q, S_k, n_m, n_tiles,
     p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr,
+    USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # q, k, v are TMA descriptors over 2-D views (row = b * rb + s, col = b * cb + h * s_h + d) when
     # USE_TMA, else pointers to [B, S, H, D] with unit stride in D.
@@ -144,7 +144,7 @@ def _attn_fwd_kernel(
             else:
                 b_k = tl.load(p_k + start_n * s_ks)
                 b_v = tl.load(p_v + start_n * s_vs)
-            b_acc, b_m, b_l = _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, False)
+            b_acc, b_m, b_l = _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, o_n, kv_len, False, DOT_PREC)
         if n_full < kv_len:
             m_kv = (n_full + o_n) < kv_len  # [BN]
             if USE_TMA:
@@ -156,7 +156,8 @@ def _attn_fwd_kernel(
             # Rows past the key length may hold the next batch or padding garbage: zero them so
             # that 0-weight x garbage cannot turn into NaN.
             b_v = tl.where(m_kv[:, None], b_v, 0.0)
-            b_acc, b_m, b_l = _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, n_full + o_n, kv_len, True)
+            b_acc, b_m, b_l = _attn_block(b_q, b_k, b_v, b_acc, b_m, b_l, qk_scale, n_full + o_n, kv_len, True,
+                                           DOT_PREC)
         # A batch with no valid key gets zeros, not 0/0.
         b_o = (b_acc / tl.where(b_l == 0.0, 1.0, b_l)[:, None]).to(p_o.dtype.element_ty)  # [BM, D]
         if EXCHANGE:
@@ -374,6 +375,8 @@ def flash_attention(
         *ex_args,
         HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         HAS_KV_LENS=kv_lens is not None, EXCHANGE=exchange is not None,
+        # fp32 inputs get fp32 products (tl.dot would round them to tf32 on a GPU by default)
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
