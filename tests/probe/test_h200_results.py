@@ -90,3 +90,12 @@ def test_reanalysis_reproduces_committed_figures(tmp_path):
             for k, v in b.items():
                 if isinstance(v, float) and not math.isnan(v):
                     assert a[k] == pytest.approx(v, rel=1e-9), (sweep, k)
+
+
+def test_packaged_profile_is_the_committed_measurement():
+    from importlib import resources
+
+    packaged = Profile.load(Path(str(resources.files("xstage.data") / "h200-host-probe-profile.json")))
+    committed = Profile.load(RESULTS / "profile.json")
+    assert packaged.to_dict() == committed.to_dict()
+    assert packaged.provenance["gpu"] == "NVIDIA H200" and packaged.fit_quality["heldout"]["median_rel_error"] <= 0.10
