@@ -86,7 +86,9 @@ def run_probe(args) -> int:
             print(f"xstage probe: all {info['configs_skipped']} configurations already measured in {out}")
     from xstage.probe.report import analyse
 
-    result = analyse(out, fit=not args.no_fit)
+    if args.bootstrap < 0:
+        raise InputError(f"--bootstrap {args.bootstrap}: must be >= 0")
+    result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap)
     emit(result, args.json, result["text"])
     return 0
 
@@ -104,6 +106,7 @@ def register(sub) -> None:
     p.add_argument("--sm-count", type=int, help="SM count to plan for (default: this GPU, else 132)")
     p.add_argument("--analyse-only", action="store_true", help="skip measuring; analyse what -o holds")
     p.add_argument("--no-fit", action="store_true", help="skip fitting the profile")
+    p.add_argument("--bootstrap", type=int, default=10, help="bootstrap rounds for parameter intervals (default 10)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=run_probe)

@@ -14,7 +14,7 @@ and the held-out CTA-median issue times are predicted and compared (relative err
 configuration weighing equally, as `xstage.model.fit.evaluate_loco` does).
 
 Example:
-    result = analyse("benchmarks/results/h200-host-probe", bootstrap=20)
+    result = analyse("benchmarks/results/h200-host-probe", bootstrap=10)
     print(result["text"])
 """
 
@@ -83,7 +83,7 @@ def holdout_split(configs: list[tuple], multi_burst=()) -> tuple[list[tuple], li
     return sorted(c for c in configs if c not in held), sorted(held)
 
 
-def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, structure: str | None = None) -> dict:
+def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 10, structure: str | None = None) -> dict:
     """Fit the calibration configurations of `path` and predict the held-out ones (see module doc)."""
     from xstage.model.data import observations_from_rows
     from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
@@ -273,7 +273,7 @@ def _markdown(exp: dict, fit: dict | None, fit_error: str | None, env: dict, run
     return "\n".join(lines)
 
 
-def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None) -> dict:
+def analyse(out_dir, *, fit: bool = True, bootstrap: int = 10, path: str | None = None) -> dict:
     """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc."""
     out_dir = Path(out_dir)
     if list((out_dir / "raw").glob("*.csv")):
