@@ -72,12 +72,10 @@ def run_probe(args) -> int:
     if not args.analyse_only:
         from xstage.probe.session import measure
 
-        group = None
         if args.path == "peer":
             dist = _init_peer_group()
             rank = dist.get_rank()
-        info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet,
-                       group=group)
+        info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet)
         if args.path == "peer":
             dist.barrier()
         if rank != 0:

@@ -152,9 +152,11 @@ def _profile(res, calib, heldout: dict, bootstrap: int):
 
 
 def _plot_heldout(fit: dict, out_dir: Path) -> Path:
-    from xstage.bench.plots import _pyplot
+    import matplotlib
 
-    plt = _pyplot()
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(5.5, 5))
     meas = np.array([p["measured_ns"] for p in fit["points"]])
     pred = np.array([p["predicted_ns"] for p in fit["points"]])
