@@ -42,7 +42,7 @@ def source_data(rank, n_elem, device):
     return torch.arange(n_elem, dtype=torch.float32, device=device) + 1000.0 * (rank + 1)
 
 
-def peer_worker(rank, world, init_file, n_elem, result_file):
+def peer_worker(rank, world, init_file, result_file, n_elem):
     """One rank of a ring exchange on path `peer`: send to rank+1, wait for rank-1, check the data."""
     import torch.distributed as dist
 
