@@ -107,20 +107,26 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
         planned = plan(sweeps, path, sm_count)
         keyed = [{"sweep": s, **c.fields()} for s, c in planned]
         chosen = select(keyed, only)
-        todo = [(d["sweep"], BurstConfig(**{k: v for k, v in d.items() if k != "sweep"})) for d in chosen]
+        chosen_cfgs = [(d["sweep"], BurstConfig(**{k: v for k, v in d.items() if k != "sweep"})) for d in chosen]
         writer_rank = ctx.rank == 0
         raw_dir.mkdir(parents=True, exist_ok=True)
         done = {s: _done(raw_dir / f"{s}.done") for s in sweeps}
-        todo = [(s, c) for s, c in todo if c.label() not in done[s]]
+        todo = [(s, c) for s, c in chosen_cfgs if c.label() not in done[s]]
         next_id = _next_launch(raw_dir)
         if ctx.world > 1 and path == "peer":
             import torch.distributed as dist
 
-            agreed = [next_id]
+            # Rank 0's folder decides what is left to run, so that every rank launches in step.
+            agreed = [next_id, [(s, c.label()) for s, c in todo]]
             dist.broadcast_object_list(agreed, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
-            next_id = agreed[0]
+            next_id, labels = agreed
+            by_key = {(s, c.label()): (s, c) for s, c in chosen_cfgs}
+            todo = [by_key[tuple(k)] for k in labels]
+        env = dict(environment())
+        # A copied source tree has no git metadata; the launcher may name the commit it copied.
+        env["git_commit"] = os.environ.get("XSTAGE_GIT_COMMIT", env["git_commit"])
         info = {"path": path, "sweeps": sweeps, "only": only or [], "sm_count": sm_count, "world": ctx.world,
-                "env": environment(), "configs_run": 0, "configs_skipped": len(chosen) - len(todo),
+                "env": env, "configs_run": 0, "configs_skipped": len(chosen) - len(todo),
                 "sm_ids_used": {}, "ns_per_cycle_median": None}
         if path == "peer":
             shared = ctx.world > torch.cuda.device_count()
@@ -129,10 +135,6 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
             return info
         elems = max(dest_elems(c, ctx.world) for _, c in todo)
         dest = ctx.alloc("probe_dst", (elems,), torch.int32)
-        env = dict(environment())
-        # A copied source tree has no git metadata; the launcher may name the commit it copied.
-        env["git_commit"] = os.environ.get("XSTAGE_GIT_COMMIT", env["git_commit"])
-        info["env"] = env
         writers: dict[str, ResultWriter] = {}
         ratios = []
         bar = _Progress(len(todo), progress and writer_rank)
