@@ -39,3 +39,20 @@ def probe_peer_worker(rank, world, init_file, result_file):
             f.write("\n".join(lines))
     finally:
         dist.destroy_process_group()
+
+
+def measure_worker(rank, world, init_file, result_file, out_dir, n_sm):
+    """One rank of a sliced `measure` on path peer (interpreter on a CPU, shared GPU otherwise)."""
+    import torch.distributed as dist
+
+    from xstage.probe.session import measure
+
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        info = measure(out_dir, "peer", ["first", "peers"], only=[f"n_sm={n_sm}", "burst_bytes=65536"], repeats=1,
+                       progress=False, allow_interpreter=True)
+        with open(f"{result_file}.{rank}", "w") as f:
+            f.write(f"{info['configs_run']} {info['timing']}")
+    finally:
+        dist.destroy_process_group()

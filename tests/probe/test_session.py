@@ -3,10 +3,13 @@
 import pytest
 import torch
 
+from tests.comm.ranks import run_ranks
 from xstage.bench.results import read_rows
 from xstage.errors import InputError
 from xstage.model.data import LONG_COLUMNS
 from xstage.probe.session import measure
+
+from .peer_worker import measure_worker
 
 SLICE = ["burst_bytes=4096", "n_sm=1,4"]
 
@@ -35,3 +38,17 @@ def test_measure_writes_resumes_and_slices(tmp_path):
 def test_measure_refuses_the_interpreter_by_default(tmp_path):
     with pytest.raises(InputError, match="needs a CUDA GPU"):
         measure(tmp_path, "host", ["first"], only=SLICE, progress=False)
+
+
+def test_measure_on_peer_path_runs_in_step(tmp_path):
+    """Two ranks run the same slice; rank 0 writes, and the peers sweep keeps its own copy of a
+    configuration that the first sweep also has."""
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
+    out = tmp_path / "out"
+    got = run_ranks(measure_worker, 2, tmp_path, str(out), n_sm)
+    n_first, n_peers = 1, 4               # peers: one/all x n_bursts 1/16 on the whole GPU
+    assert [g.split()[0] for g in got] == [str(n_first + n_peers)] * 2
+    rows = read_rows(out / "raw" / "first.csv")
+    assert {r["peer_mode"] for r in rows} == {"one"} and len(rows) == n_sm
+    peers = read_rows(out / "raw" / "peers.csv")
+    assert {r["peer_mode"] for r in peers} == {"one", "all"} and len(peers) == n_sm * (1 + 1 + 16 + 16)
