@@ -292,7 +292,7 @@ def analyse(out_dir, *, fit: bool = True, bootstrap: int = 10, path: str | None 
     exp = experiments(summary)
     (out_dir / "experiments.json").write_text(json.dumps(exp, indent=1, default=str))
     plots = [str(p) for p in plot_experiments(exp, out_dir)]
-    fit_res, fit_error = None, None
+    fit_res, fit_error = None, (None if fit else "skipped (--no-fit)")
     if fit:
         try:
             fit_res = fit_and_check(summary, path, bootstrap=bootstrap)
