@@ -27,7 +27,7 @@ def test_run_config_writes_rows_and_summary(tmp_path):
             assert float(r["max_err"]) < 2e-2  # fused vs the unfused pipeline on the same routing
     assert float(rows[0]["speedup"]) == 1.0
     summary = summarize(tmp_path)
-    assert summary["lag:1"]["configs"] == 1 and (tmp_path / "summary.md").exists()
+    assert summary["host"]["lag:1"]["configs"] == 1 and (tmp_path / "summary.md").exists()
 
 
 def test_sync_helper_synchronises(monkeypatch):

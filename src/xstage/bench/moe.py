@@ -299,19 +299,13 @@ def _geomean(v):
     return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
 
 
-def summarize(out_dir) -> dict:
-    """Geomean / max speedup of each variant over expert_wave, plots, and summary.md from the CSV."""
-    out = Path(out_dir)
-    rows = read_rows(out / "moe.csv")
-    multi = [r for r in rows if int(r["ep"]) > 1 and r["speedup"]]
+def _speedup_section(multi: list[dict], path: str) -> tuple[list[str], dict]:
+    """Markdown lines and per-variant geomean/max speedups over expert_wave for one store path."""
     by_var = defaultdict(list)
     for r in multi:
         by_var[r["variant"]].append(float(r["speedup"]))
     summary = {v: dict(configs=len(s), geomean=_geomean(s), max=max(s)) for v, s in by_var.items()}
-    lines = ["# MoE fused kernel: schedules vs expert_wave (EP>1, loopback host path)", "",
-             "Time of the fused persistent kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push); "
-             "`unfused` is the serial pipeline with the same exchange bytes.", "",
-             "| variant | configs | geomean speedup | max speedup |", "|---|---|---|---|"]
+    lines = [f"## Path `{path}`", "", "| variant | configs | geomean speedup | max speedup |", "|---|---|---|---|"]
     for v, s in sorted(summary.items()):
         lines.append(f"| {v} | {s['configs']} | {s['geomean']:.3f} | {s['max']:.3f} |")
     fused = [v for v in summary if v not in ("expert_wave", "unfused", "chain")]
@@ -332,6 +326,26 @@ def summarize(out_dir) -> dict:
                     cells.append(f"{_geomean(sp):.3f}" if sp else "")
                 if any(cells):
                     lines.append(f"| {shape} | {ep} | " + " | ".join(cells) + " |")
+    return lines + [""], summary
+
+
+def summarize(out_dir) -> dict:
+    """Geomean / max speedup of each variant over expert_wave, plots, and summary.md from the CSV."""
+    out = Path(out_dir)
+    rows = read_rows(out / "moe.csv")
+    multi_all = [r for r in rows if int(r["ep"]) > 1 and r["speedup"]]
+    lines = ["# MoE fused kernel: schedules vs expert_wave (EP>1, loopback on one GPU)", "",
+             "Time of the fused persistent kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push); "
+             "`unfused` is the serial pipeline with the same exchange bytes. `host`: rows for other ranks "
+             "cross PCIe into pinned memory (the X-Stage path); `hbm`: they stay in device memory (a control "
+             "that isolates the effect of task order from the effect of the store path).", ""]
+    summary: dict = {}
+    paths = sorted({r["path"] for r in multi_all}, key=lambda p: (p != "host", p))
+    for path in paths:
+        section, by_path = _speedup_section([r for r in multi_all if r["path"] == path], path)
+        lines += section
+        summary[path] = by_path
+    multi = [r for r in multi_all if r["path"] == "host"]
     ep1 = [r for r in rows if int(r["ep"]) == 1]
     if ep1:
         lines += ["", "## EP=1: fused kernel vs the grouped_mm compute chain (same routing)", "",

@@ -171,7 +171,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
     `trace` (int64 `[num_tasks, 2]`, optional) receives each task's `%globaltimer` after its
     dependency wait and after its last store, in schedule-table row order (tile-cost calibration)."""
     if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 2)
-                              or trace.device != buf.device):
+                              or trace.device.type != buf.device.type):
         raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 2] on {buf.device}, "
                          f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
     c = buf.cfg
