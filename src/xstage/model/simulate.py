@@ -183,13 +183,31 @@ class PathSimulator:
         """Run until every started burst has issued and completed."""
         self._run(math.inf, stop_on_issue_end=False)
 
+    def advance_until(self, t_ns: float) -> list[tuple[int, float]]:
+        """Move towards `t_ns` but stop at the first issue end on the way; returns the bursts that ended.
+
+        The event loop of a kernel simulator with one path calls this instead of `next_event_time`
+        + `advance`: it moves once instead of looking ahead and moving again."""
+        return self._run(t_ns, stop_on_issue_end=True)
+
+    def _open_bursts(self) -> set[int]:
+        """Bursts a run can still change: those issuing and those waiting to complete."""
+        ids = {b for b in self.cur if b >= 0 and math.isnan(self.bursts[b][2])}
+        for q in self.pending:
+            ids.update(bid for bid, _ in q)
+        return ids
+
     def _save(self):
+        # Only open bursts can change, so the look-ahead saves those rather than the whole history.
         return (self.t, self.o[:], self.k[:], self.phase[:], self.t_go[:], self.rem[:], self.issued[:],
-                self.drained[:], [deque(q) for q in self.pending], [b[:] for b in self.bursts])
+                self.drained[:], [deque(q) for q in self.pending],
+                {b: self.bursts[b][:] for b in self._open_bursts()})
 
     def _load(self, s) -> None:
         (self.t, self.o, self.k, self.phase, self.t_go, self.rem, self.issued, self.drained,
-         self.pending, self.bursts) = s
+         self.pending, open_bursts) = s
+        for b, row in open_bursts.items():
+            self.bursts[b] = row
 
     def _rates(self) -> tuple[list[float], list[float]]:
         p, n = self.params, self.n_sm

@@ -98,7 +98,7 @@ def run_validate(args) -> int:
         from xstage.bench.grid import select
 
         rows = select(rows, args.only)
-    out_rows, summary = validate_moe(rows, params, costs, progress=_progress("validate"))
+    out_rows, summary = validate_moe(rows, params, costs, progress=_progress("validate"), workers=args.workers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
@@ -139,6 +139,7 @@ def register(sub) -> None:
     v.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
     v.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
     v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only matching rows")
+    v.add_argument("--workers", type=int, default=1, help="processes for the simulations")
     v.add_argument("--json", action="store_true", help="print JSON")
     v.set_defaults(handler=run_validate)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

@@ -44,10 +44,17 @@ class TaskCosts:
     quality: dict = field(default_factory=dict)
 
     def cost(self, kind: str, block: str | None = None) -> KindCost:
-        """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`)."""
+        """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`).
+
+        A tile config that was not calibrated takes the rate of the calibrated config of the same kind
+        and BLOCK_M (the FLOP rate of a tile depends mostly on its row count)."""
         for key in ((f"{kind}@{block}", kind) if block else (kind,)):
             if key in self.kinds:
                 return self.kinds[key]
+        if block:
+            same_m = sorted(k for k in self.kinds if k.startswith(f"{kind}@{block.split('x')[0]}x"))
+            if same_m:
+                return self.kinds[same_m[0]]
         want = f"{kind}@{block}" if block else kind
         raise InputError(f"task costs of {self.kernel}: nothing measured for {want!r}; have {sorted(self.kinds)}")
 

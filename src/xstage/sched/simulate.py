@@ -155,20 +155,32 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     for cta in ctas:
         try_start(cta, 0.0)
 
+    single = next(iter(sims)) if len(sims) == 1 else None
     while True:
         t_compute = compute_done[0][0] if compute_done else math.inf
-        t_path, path_next = math.inf, None
-        for name, sim in sims.items():
-            t = sim.next_event_time()
-            if t < t_path:
-                t_path, path_next = t, name
-        if math.isinf(t_compute) and math.isinf(t_path):
+        if single is not None:
+            # One path: move it towards the next compute event, stopping at the first issue end.
+            sim = sims[single]
+            if any(key[0] == single for key in issuing):
+                ended = sim.advance_until(t_compute)
+                if ended:
+                    for sm, t_end in ended:
+                        store_issued(single, issuing.pop((single, sm)), t_end)
+                    trace(single, ended[-1][1])
+                    continue
+        else:
+            t_path, path_next = math.inf, None
+            for name, sim in sims.items():
+                t = sim.next_event_time()
+                if t < t_path:
+                    t_path, path_next = t, name
+            if t_path <= t_compute and path_next is not None:
+                for sm, t_end in sims[path_next].advance(t_path):
+                    store_issued(path_next, issuing.pop((path_next, sm)), t_end)
+                trace(path_next, t_path)
+                continue
+        if math.isinf(t_compute):
             break
-        if t_path <= t_compute:
-            for sm, t_end in sims[path_next].advance(t_path):
-                store_issued(path_next, issuing.pop((path_next, sm)), t_end)
-            trace(path_next, t_path)
-            continue
         now, i = heapq.heappop(compute_done)
         cta = ctas[i]
         cta.pending_stores = [

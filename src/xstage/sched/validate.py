@@ -36,24 +36,41 @@ def _config(row: dict) -> MoeConfig:
         raise InputError(f"results row {row.get('shape')}/{row.get('tokens')}: malformed ({exc})") from None
 
 
+def _predict_row(job) -> float:
+    row, path, costs = job
+    cfg = _config(row)
+    return simulate_kernel(moe_work(cfg, row["variant"], costs, int(row.get("ctas") or 132)), {"remote": path}).time_ns
+
+
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, spread: float = 0.03,
-                 progress=None) -> tuple[list[dict], dict]:
+                 progress=None, workers: int = 1) -> tuple[list[dict], dict]:
     """Per-row predictions and the summary (median/p90 error, pick accuracy)."""
     todo = [r for r in rows if _is_schedule(r.get("variant", "")) and int(r.get("ep", 0)) >= min_ep
             and r.get("time_ns") not in ("", None)]
     if not todo:
         raise InputError(f"results: no fused-kernel rows with EP >= {min_ep} to validate")
+    jobs = [(r, path, costs) for r in todo]
+    if workers > 1:
+        from multiprocessing import get_context
+
+        with get_context("spawn").Pool(workers) as pool:
+            predicted = []
+            for p in pool.imap(_predict_row, jobs):
+                predicted.append(p)
+                if progress:
+                    progress(len(predicted), len(jobs))
+    else:
+        predicted = []
+        for job in jobs:
+            predicted.append(_predict_row(job))
+            if progress:
+                progress(len(predicted), len(jobs))
     out = []
-    for i, r in enumerate(todo):
-        cfg = _config(r)
-        ctas = int(r.get("ctas") or 132)
-        res = simulate_kernel(moe_work(cfg, r["variant"], costs, ctas), {"remote": path})
+    for r, pred in zip(todo, predicted):
         measured = float(r["time_ns"])
         out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "ep": int(r["ep"]), "schedule": r["variant"],
-                    "block": r["block"], "measured_ns": measured, "predicted_ns": res.time_ns,
-                    "rel_error": res.time_ns / measured - 1.0})
-        if progress:
-            progress(i + 1, len(todo))
+                    "block": r["block"], "measured_ns": measured, "predicted_ns": pred,
+                    "rel_error": pred / measured - 1.0})
     by_cfg: dict[tuple, list[dict]] = defaultdict(list)
     for o in out:
         by_cfg[(o["shape"], o["tokens"], o["ep"])].append(o)
