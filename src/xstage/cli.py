@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "xstage.env_commands",
     "xstage.probe.commands",
     "xstage.bench.commands",
+    "xstage.model.commands",
 ]
 
 
