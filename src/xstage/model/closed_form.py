@@ -61,19 +61,31 @@ def _check_time(t: float, name: str) -> float:
     return float(t)
 
 
-def _start(p: PathParams, state: IssuerState) -> tuple[float, float]:
-    """Backlog and tokens at the first store, after the overhead t0 drained and refilled them."""
-    if state.backlog < 0:
-        raise InputError(f"backlog must be >= 0 bytes, got {state.backlog!r}")
-    k = p.b_fast if state.tokens is None else min(p.b_fast, state.tokens + p.r0 * p.t0 * NS)
-    return max(0.0, state.backlog - p.drain * p.t0 * NS), k
-
-
 def _duration_s(p: PathParams, nbytes: float, q: float, k: float) -> float:
     terms = [0.0 if math.isinf(p.r_fast) else nbytes / p.r_fast, (nbytes - k) / p.r0]
     if math.isfinite(p.capacity):
         terms.append((nbytes - p.capacity + q) / p.drain)
     return max(terms)
+
+
+def burst_raw(p: PathParams, nbytes: float, backlog: float, tokens: float) -> tuple[float, float, float, float]:
+    """Lean core of `burst` for an equivalent single issuer `p` (`PathParams.symmetric`).
+
+    Returns issue time (ns), backlog and tokens at the end of issue, completion time (ns).
+    """
+    t0 = p.t0 * NS
+    q = max(0.0, backlog - p.drain * t0)
+    k = min(p.b_fast, tokens + p.r0 * t0)
+    tau = _duration_s(p, nbytes, q, k)
+    q_end = min(p.capacity, max(0.0, q + nbytes - p.drain * tau))
+    k_end = max(0.0, min(p.b_fast - max(0.0, nbytes - p.r0 * tau), k + p.r0 * tau - nbytes))
+    issue = p.t0 + tau / NS
+    return issue, q_end, k_end, issue + q_end / p.drain / NS + p.latency
+
+
+def gap_raw(p: PathParams, backlog: float, tokens: float, gap_ns: float) -> tuple[float, float]:
+    """Backlog and tokens after `gap_ns` of compute (equivalent single issuer `p`)."""
+    return max(0.0, backlog - p.drain * gap_ns * NS), min(p.b_fast, tokens + p.r0 * gap_ns * NS)
 
 
 def burst(params: PathParams, nbytes: float, state: IssuerState = IssuerState(), n_sm: int = 1) -> dict:
@@ -82,21 +94,19 @@ def burst(params: PathParams, nbytes: float, state: IssuerState = IssuerState(),
     Times in ns from the burst's start (t0 included). `state` is the issuer's state at that start.
     """
     nbytes = _check_bytes(nbytes)
+    if state.backlog < 0:
+        raise InputError(f"backlog must be >= 0 bytes, got {state.backlog!r}")
     p = params.symmetric(n_sm)
-    q, k = _start(p, state)
-    tau = _duration_s(p, nbytes, q, k)
-    free = _duration_s(p.replace(capacity=math.inf), nbytes, q, k)
-    q_end = min(p.capacity, max(0.0, q + nbytes - p.drain * tau))
-    k_end = min(p.b_fast - max(0.0, nbytes - p.r0 * tau), k + p.r0 * tau - nbytes)
-    issue = p.t0 + tau / NS
-    recovery = q_end / p.drain / NS
+    tokens = p.b_fast if state.tokens is None else state.tokens
+    issue, q_end, k_end, cpl = burst_raw(p, nbytes, state.backlog, tokens)
+    free = burst_raw(p.replace(capacity=math.inf), nbytes, state.backlog, tokens)[0]
     return {
         "issue_ns": issue,
-        "stall_ns": (tau - free) / NS,
+        "stall_ns": issue - free,
         "backlog_end": q_end,
-        "recovery_ns": recovery,
-        "completion_ns": issue + recovery + p.latency,
-        "state": IssuerState(backlog=q_end, tokens=max(0.0, k_end)),
+        "recovery_ns": q_end / p.drain / NS,
+        "completion_ns": cpl,
+        "state": IssuerState(backlog=q_end, tokens=k_end),
     }
 
 
@@ -131,7 +141,7 @@ def onset_bytes(params: PathParams, backlog: float = 0.0, n_sm: int = 1) -> floa
     Empty first stage and `b_fast = 0`: `C r0 / (r0 - D)` (burst-gap.md's `B_crit`).
     """
     p = params.symmetric(n_sm)
-    q, k = _start(p, IssuerState(backlog))
+    q, k = max(0.0, backlog - p.drain * p.t0 * NS), p.b_fast
     room = p.capacity - q
     if room <= 0:
         return 0.0
