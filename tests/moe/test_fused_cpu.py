@@ -10,7 +10,7 @@ from xstage.moe.reference import loopback_inputs, reference_moe_virtual
 
 CFG = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
 TOL = {torch.float16: dict(rtol=2e-2, atol=2e-2), torch.float32: dict(rtol=1e-4, atol=1e-4)}
-SCHEDULES = ["expert_wave", "interleaved", "lag:0", "lag:3"]
+SCHEDULES = ["expert_wave", "interleaved", "lag:0", "lag:3", "model_guided"]
 
 
 def _problem(T, E, K, H, I, R, dtype, seed, device="cpu"):

@@ -75,3 +75,17 @@ def test_costs_round_trip_and_malformed(tmp_path):
 def test_timeline_plot(tmp_path):
     res = simulate_kernel(moe_work(SMALL, "lag:1", COSTS, 4), {"remote": SLOW_PATH}, trace_backlog=True)
     assert plot_timeline(res, tmp_path / "t.png").stat().st_size > 5000
+
+
+def test_model_guided_pick_is_the_planner_best():
+    from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
+    from xstage.sched.costs import load_default_costs
+    from xstage.sched.plan import moe_path_params, pick_for_moe_buffer
+
+    cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
+    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg)
+    pick = pick_for_moe_buffer(buf, 512, num_ctas=8)
+    mcfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
+                           block_n2=128, block_k=32)
+    rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8)
+    assert pick == rows[0].schedule

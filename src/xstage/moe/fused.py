@@ -109,8 +109,22 @@ class _Plan:
         self.cta_start = torch.from_numpy(schedule.cta_start).to(device) if cta_start is None else cta_start
 
 
+def _resolve_schedule(schedule: str, buf: MoEBuffer, tokens: int, ctas: int) -> str:
+    """`model_guided` becomes the Burst-Gap planner's pick for this shape, path and token count
+    (planned once per token count and cached on the buffer); other names pass through."""
+    if schedule != "model_guided":
+        return schedule
+    key = ("model_guided", tokens, ctas)
+    if key not in buf._plans:
+        from xstage.sched.plan import pick_for_moe_buffer
+
+        buf._plans[key] = pick_for_moe_buffer(buf, tokens, ctas)
+    return buf._plans[key]
+
+
 def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _Plan:
     """Routing layout and schedule table for this call (one host synchronisation for the counts)."""
+    schedule = _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), ctas or num_ctas(buf))
     all_idx = _all_topk(topk_idx, buf)
     local = all_idx[(all_idx // buf.E_local) == buf.rank] % buf.E_local
     counts = torch.bincount(local.reshape(-1), minlength=buf.E_local).tolist()
@@ -142,6 +156,7 @@ def static_plan(topk_idx, buf: MoEBuffer, schedule: str) -> _Plan:
     `buf.units_cap` unit slots with a nominal even split over experts, built once per schedule name;
     slots the routing leaves empty are skipped by the kernel. Routing beyond the capacity is not
     detected here (the eager path checks it)."""
+    schedule = _resolve_schedule(schedule, buf, buf.T_max, num_ctas(buf))
     key = ("static", schedule, num_ctas(buf))
     cached = buf._plans.get(key)
     if cached is None:

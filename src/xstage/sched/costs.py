@@ -46,15 +46,20 @@ class TaskCosts:
     def cost(self, kind: str, block: str | None = None) -> KindCost:
         """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`).
 
-        A tile config that was not calibrated takes the rate of the calibrated config of the same kind
-        and BLOCK_M (the FLOP rate of a tile depends mostly on its row count)."""
+        A tile config that was not calibrated takes the calibrated config of the same kind with the
+        nearest BLOCK_M, its rate scaled by the BLOCK_M ratio: the H200 calibration shows tiles of
+        these shapes bound by weight traffic, so a tile's FLOP rate grows with its rows (64-row tiles
+        ran at 0.5-0.54x the rate of 128-row ones)."""
         for key in ((f"{kind}@{block}", kind) if block else (kind,)):
             if key in self.kinds:
                 return self.kinds[key]
         if block:
-            same_m = sorted(k for k in self.kinds if k.startswith(f"{kind}@{block.split('x')[0]}x"))
-            if same_m:
-                return self.kinds[same_m[0]]
+            bm = int(block.split("x")[0])
+            same_kind = [(int(k.split("@")[1].split("x")[0]), k) for k in self.kinds if k.startswith(f"{kind}@")]
+            if same_kind:
+                bm_key, key = min(same_kind, key=lambda c: (abs(c[0] - bm), c[1]))
+                base = self.kinds[key]
+                return KindCost(base.overhead_ns, base.rate * bm / bm_key)
         want = f"{kind}@{block}" if block else kind
         raise InputError(f"task costs of {self.kernel}: nothing measured for {want!r}; have {sorted(self.kinds)}")
 

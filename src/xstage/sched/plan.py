@@ -66,3 +66,34 @@ def plan_moe(
 def pick_moe_schedule(cfg: MoeConfig, path: PathParams, costs: TaskCosts, num_ctas: int, **kw) -> str:
     """The name of the schedule with the lowest predicted kernel time."""
     return plan_moe(cfg, path, costs, num_ctas, **kw)[0].schedule
+
+
+MODEL_GUIDED = "model_guided"
+
+
+def moe_path_params(path: str) -> PathParams:
+    """The store path the planner assumes for a MoE buffer's remote rows.
+
+    `host` and `peer` use the embedded profile of that path; `hbm` (device memory, no knee below
+    ~4 TB/s in the probe) is modelled as a path without windows, where only issue cost remains."""
+    import math
+
+    from xstage.model import load_default_profile
+
+    if path == "hbm":
+        return PathParams(r0=64e9, c_sm=math.inf, drain=4.3e12, capacity=math.inf)
+    return load_default_profile(path).params
+
+
+def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int,
+                        candidates: Sequence[str] = DEFAULT_CANDIDATES) -> str:
+    """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape."""
+    from xstage.sched.costs import load_default_costs
+
+    path = buf.group.path if buf.loopback else "peer"
+    c = buf.cfg
+    cfg = MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
+                    tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
+                    block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k)
+    return pick_moe_schedule(cfg, moe_path_params(path), load_default_costs("moe"), num_ctas,
+                             candidates=candidates)
