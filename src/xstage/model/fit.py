@@ -15,7 +15,8 @@ Algorithm:
   exceeds `IDENT_MAX_REL_SE` (or that leaves every prediction unchanged) is reported as not
   identified by the data; the two windows also need backpressure at more than one SM count, in
   the regime where each binds (`n c_sm < capacity` for the per-SM one, `>=` for the shared one).
-* Bootstrap: resample configurations with replacement, refit from the optimum, 2.5/97.5 percentiles.
+* Bootstrap: resample configurations with replacement, refit starting from the full-data optimum
+  (a local refit: it misses other optima), 2.5/97.5 percentiles.
 * Cross-checks: the drain from the steep first-burst slope (and from completion times when
   present) against the fitted one; the second-burst issue time's slope in the gap under
   backpressure (the model says exactly -1); Little's law `C / D >= latency`.
