@@ -408,7 +408,11 @@ def cross_checks(obs: Observations, params: PathParams) -> dict:
 
 def evaluate_loco(data: Observations, structure: str = DEFAULT_STRUCTURE, classes: int = DEFAULT_CLASSES,
                   progress: Callable | None = None, max_nfev: int = 200, workers: int = 1) -> dict:
-    """Leave-one-configuration-out error of the CTA-median issue time (see module docstring)."""
+    """Leave-one-configuration-out error of the CTA-median issue time (see module docstring).
+
+    `workers > 1` fits the folds in spawned processes: a script calling it needs the usual
+    `if __name__ == "__main__":` guard.
+    """
     _check_fit_input(data)
     cfgs = data.configs()
     keys = data.config_keys()
