@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "xstage.probe.commands",
     "xstage.bench.commands",
     "xstage.model.commands",
+    "xstage.sched.commands",
+    "xstage.demo",
 ]
 
 
