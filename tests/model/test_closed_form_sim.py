@@ -185,3 +185,15 @@ def test_bad_simulator_input():
         sim.start_burst(0, 100.0, 10.0)
     with pytest.raises(InputError, match="nbytes"):
         cf.issue_time(p, -5.0)
+
+
+@pytest.mark.parametrize("spread", [1.0, 4.0, 12.0])
+def test_backpressured_sms_share_exactly_the_drain(spread):
+    """Whatever the sharing, the path drains at D while bytes wait: the last issue end is bounded."""
+    n, b, c = 6, 4096 * KIB, 64 * KIB
+    p = PathParams(r0=50e9, c_sm=c, drain=20e9, capacity=math.inf, spread=spread)
+    res = simulate_bursts(p, [[(b, 0.0)]] * n)
+    t_last = max(float(e[0]) for e in res.issue_end_ns) * 1e-9
+    assert n * b - n * c <= p.drain * t_last * (1 + 1e-9) <= n * b
+    t_done = max(float(x[0]) for x in res.completion_ns) * 1e-9
+    assert t_done == pytest.approx(n * b / p.drain, rel=1e-6)
