@@ -12,7 +12,8 @@ total tokens; P = the world size), times:
 - `serial_triton`: `ulysses_attention(mode="serial")`: all-to-all, kernel, all-to-all back;
 - `serial_cudnn`: all-to-all, cuDNN SDPA (torch) on the gathered layout, all-to-all back;
 - `fused`: `ulysses_attention(mode="fused")` on a `peer` context; receiver-visible = the whole call,
-  sender-visible = all-to-all + the kernel (the same steps, the counter wait after the mark).
+  sender-visible = all-to-all + the kernel (the same steps, the counter wait after the mark). The
+  kernel's default exchange (`epilogue` column); `--burst` stores whole tiles instead (own folder).
 The pre-attention all-to-all is inside every end-to-end variant (`serial_*`, `fused`) and outside
 `attention`. Before each timed run the ranks synchronise (device, host barrier, then a one-element
 all-reduce that every stream leaves at the same time, then a short device sleep that covers the
@@ -55,7 +56,7 @@ MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1
 PATH = "peer"
 CSV_NAME = "ulysses_peer.csv"
 VARIANTS = ("pre_alltoall", "attention", "serial_triton", "serial_cudnn", "fused")
-COLUMNS = LOOPBACK_COLUMNS + ["rel_err", "ref_err", "host_bound_runs", "backend", "dtype"]
+COLUMNS = LOOPBACK_COLUMNS + ["rel_err", "ref_err", "host_bound_runs", "backend", "dtype", "epilogue"]
 TINY_SHAPES = ((5, 32), (4, 16))
 TINY_TOKENS = (67, 40)
 AGREE_TOL = 1e-2
@@ -235,8 +236,12 @@ def post_alltoall(plan, o_hsd: torch.Tensor, like: torch.Tensor, group) -> torch
     return unpack_out(plan, recv, torch.empty_like(like))
 
 
-def measure_config(cfg: dict, g: Ranks, ctx, *, dtype, warmup: int, rep: int, reference: bool) -> list[dict]:
-    """Rows (identical on every rank) for every variant of one configuration."""
+def measure_config(cfg: dict, g: Ranks, ctx, *, dtype, warmup: int, rep: int, reference: bool,
+                   burst: bool = False) -> list[dict]:
+    """Rows (identical on every rank) for every variant of one configuration; `burst`: the fused rows
+    store whole tiles in the epilogue instead of the kernel's default (paced) exchange."""
+    import dataclasses
+
     import torch.distributed as dist
 
     from xstage.attention import ulysses_attention
@@ -254,6 +259,9 @@ def measure_config(cfg: dict, g: Ranks, ctx, *, dtype, warmup: int, rep: int, re
     q, k, v = (torch.randn(1, seq[g.rank], H, D, generator=gen, device=dev, dtype=dtype) for _ in range(3))
     fc = default_config(D, dtype, dev)
     state = fused_state(ctx, plan, dtype, fc.block_m)
+    if burst and getattr(state.exchange, "paced", False):
+        # the cached state is the one ulysses_attention uses: its calls take the burst epilogue too
+        state.exchange = dataclasses.replace(state.exchange, paced=False)
     h0 = plan.heads_of(0)
     tiles = h0 * math.ceil(T / fc.block_m)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
@@ -262,7 +270,8 @@ def measure_config(cfg: dict, g: Ranks, ctx, *, dtype, warmup: int, rep: int, re
     common = {**cfg, "path": PATH, "rank": 0, "rank_heads": h0, "block_m": fc.block_m, "block_n": fc.block_n,
               "num_warps": fc.num_warps, "num_stages": fc.num_stages, "grid": grid, "tiles": tiles,
               "tile_bytes": fc.block_m * D * dtype.itemsize, "remote_bytes": (T - seq[0]) * h0 * D * dtype.itemsize,
-              "backend": g.backend, "dtype": str(dtype).removeprefix("torch.")}
+              "backend": g.backend, "dtype": str(dtype).removeprefix("torch."),
+              "epilogue": "paced" if getattr(state.exchange, "paced", False) else "burst"}
 
     qg0, kg0, vg0 = pre_alltoall(plan, q, k, v, g.group)
     og = empty_gathered_out(plan, dtype, dev)
@@ -350,7 +359,7 @@ def measure_config(cfg: dict, g: Ranks, ctx, *, dtype, warmup: int, rep: int, re
 
 
 def run_grid(out_dir, g: Ranks, *, only=None, tiny=False, dtype=torch.bfloat16, warmup=1, rep=7,
-             budget_s=None, t_start=None) -> int:
+             budget_s=None, t_start=None, burst=False) -> int:
     """Measure every selected configuration not yet in `out_dir/ulysses_peer.csv` (all ranks call
     this; rank 0 decides what runs and writes). Returns the number of configurations measured."""
     import torch.distributed as dist
@@ -391,7 +400,7 @@ def run_grid(out_dir, g: Ranks, *, only=None, tiny=False, dtype=torch.bfloat16, 
         if not go[0]:
             break
         t0 = time.monotonic()
-        rows = measure_config(cfg, g, ctx, dtype=dtype, warmup=warmup, rep=rep, reference=tiny)
+        rows = measure_config(cfg, g, ctx, dtype=dtype, warmup=warmup, rep=rep, reference=tiny, burst=burst)
         spent = (time.monotonic() - t0) / work
         per_flop = spent if per_flop is None else min(per_flop, spent)
         done += 1
@@ -446,6 +455,7 @@ def write_report(out_dir) -> Path:
         env = rows[0]
         lines += [f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, triton "
                   f"{env.get('triton')}, process group {env.get('backend')}, {env.get('dtype')}, "
+                  f"{env.get('epilogue')} fused epilogue, "
                   f"commit {env.get('git_commit')}, {env.get('date')}.", ""]
     lines += ["Every rank holds `[1, S/P, H, D]` q, k, v; times are "
               "medians over runs of the slowest rank, each run started together on all ranks. "
@@ -471,6 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not start a configuration that would end after this many seconds")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per variant")
     p.add_argument("--rep", type=int, default=7, help="timed runs per variant (median reported)")
+    p.add_argument("--burst", action="store_true",
+                   help="fused rows with the burst epilogue (whole tiles at once); write to their own folder")
     p.add_argument("--report-only", action="store_true", help="only rewrite summary.md (no torchrun needed)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dtype", choices=sorted(DTYPES), default=None, help=argparse.SUPPRESS)
@@ -496,7 +508,7 @@ def main(argv=None) -> int:
         if g.rank == 0:
             print(f"ulysses_dist: {g.world} ranks, {g.backend}, {g.device}, {dtype}", flush=True)
         run_grid(args.out, g, only=args.only, tiny=args.tiny, dtype=dtype, warmup=args.warmup, rep=args.rep,
-                 budget_s=args.budget_s, t_start=t_start)
+                 budget_s=args.budget_s, t_start=t_start, burst=args.burst)
         if g.rank == 0:
             print(write_report(args.out).read_text(), flush=True)
     finally:
