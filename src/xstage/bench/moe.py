@@ -329,16 +329,21 @@ def _speedup_section(multi: list[dict], path: str) -> tuple[list[str], dict]:
     return lines + [""], summary
 
 
-def summarize(out_dir) -> dict:
-    """Geomean / max speedup of each variant over expert_wave, plots, and summary.md from the CSV."""
+SUMMARY_TITLE = "# MoE fused kernel: schedules vs expert_wave (EP>1, loopback on one GPU)"
+SUMMARY_INTRO = ("Time of the fused persistent kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push); "
+                 "`unfused` is the serial pipeline with the same exchange bytes. `host`: rows for other ranks "
+                 "cross PCIe into pinned memory (the X-Stage path); `hbm`: they stay in device memory (a control "
+                 "that isolates the effect of task order from the effect of the store path).")
+
+
+def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -> dict:
+    """Geomean / max speedup of each variant over expert_wave, plots, and summary.md from the CSV.
+
+    `title` and `intro` head summary.md (other grids writing the same columns pass their own)."""
     out = Path(out_dir)
     rows = read_rows(out / "moe.csv")
     multi_all = [r for r in rows if int(r["ep"]) > 1 and r["speedup"]]
-    lines = ["# MoE fused kernel: schedules vs expert_wave (EP>1, loopback on one GPU)", "",
-             "Time of the fused persistent kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push); "
-             "`unfused` is the serial pipeline with the same exchange bytes. `host`: rows for other ranks "
-             "cross PCIe into pinned memory (the X-Stage path); `hbm`: they stay in device memory (a control "
-             "that isolates the effect of task order from the effect of the store path).", ""]
+    lines = [title, "", intro, ""]
     summary: dict = {}
     paths = sorted({r["path"] for r in multi_all}, key=lambda p: (p != "host", p))
     for path in paths:
