@@ -1,7 +1,10 @@
+import dataclasses
+
 import pytest
 import torch
 
 from xstage.attention import UlyssesAttention, ulysses_attention, ulysses_reference
+from xstage.attention.flash import FlashConfig
 from xstage.attention.layout import UlyssesPlan, pack_qkv, split_sizes, unpack_out, unpack_qkv
 from xstage.attention.ulysses import fused_state, loopback_index, run_fused
 from xstage.comm import create_context
@@ -127,6 +130,48 @@ def test_fused_counters_reset_and_timeout(device):
     with pytest.raises(CommTimeoutError, match=r"rank 0: wait for peer 2 timed out at stage attention\.ulysses_output"):
         ctx.check()
     ctx.close()
+
+
+@pytest.mark.parametrize("paced,chunk_rows", [(True, 16), (True, 4), (False, 0)],
+                         ids=["paced-in-loop", "paced-short-loop", "burst"])
+def test_fused_exchange_over_several_tiles_per_program(paced, chunk_rows, device):
+    # 14 query tiles over a persistent grid of 4 programs (the CPU stands for 4 SMs), tiles that
+    # straddle ranks: with 16-row chunks every chunk of a previous tile is sent inside the next key
+    # loop (6 key blocks, 2 chunks, pace 2: programs at phases 0 and 1); with 4-row chunks the loop
+    # has room for 6 of 8 and the epilogue sends the rest; the last tile of each program goes
+    # after the loop. Every destination must hold exactly its rows, every counter its tile count.
+    world, rank, H, seq = 3, 1, 6, [70, 69, 69]
+    plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
+    if device == "cpu":
+        cfg = FlashConfig(block_m=32, block_n=32, num_warps=4, num_stages=1, ctas_per_sm=1, use_tma=False,
+                          chunk_rows=chunk_rows)
+    else:
+        cfg = FlashConfig(chunk_rows=chunk_rows)
+    state = fused_state(ctx, plan, torch.float16, cfg.block_m)
+    state.exchange = dataclasses.replace(state.exchange, paced=paced)
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    for t in state.out.peers:
+        t.fill_(float("nan"))
+    qf, kf, vf = (t.index_select(1, loopback_index(plan, device))[:, :, h0:h1] for t in (q, k, v))
+    run_fused(state, ctx, qf, kf, vf, config=cfg, wait=False)
+    bm = cfg.block_m
+    brute = [sum(1 for i in range(0, sum(seq), bm) for _ in range(2 * (h1 - h0))
+                 if i < plan.tok0[p + 1] and i + bm > plan.tok0[p]) for p in range(world)]
+    assert state.sig.tolist() == brute
+    for p in range(world):
+        got = state.out.peers[p][:, :seq[p], h0:h1]
+        assert not got.isnan().any(), f"destination {p} has unwritten rows"
+        torch.testing.assert_close(got.double(), refs[p][:, :, h0:h1], atol=2e-3, rtol=2e-3)
+    ctx.close()
+
+
+def test_chunk_rows_must_be_a_power_of_two():
+    x = torch.zeros(1, 8, 1, 16)
+    with pytest.raises(InputError, match="chunk_rows=3"):
+        from xstage.attention import flash_attention
+
+        flash_attention(x, x, x, config=FlashConfig(block_m=32, block_n=32, num_warps=4, num_stages=1,
+                                                     ctas_per_sm=0, use_tma=False, chunk_rows=3))
 
 
 def test_module_and_bad_inputs(device):

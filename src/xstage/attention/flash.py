@@ -12,10 +12,20 @@ run unmasked (the pipelined hot loop), one masked tail block handles `L_b % BLOC
 descriptors when their strides allow a 2-D view (see `_tma_view`); otherwise through pointers.
 
 When the tile's output is final, the epilogue either stores it into `o` or, for the Ulysses
-exchange (`xstage.attention.ulysses`), stores each row straight into the buffer of the rank that
-owns it. The next tile's compute is the gap in which those stores drain (see
-`shared/design/burst-gap.md`); only then does the program raise the owners' per-source counters
-with a release add, so that the release finds the stores landed instead of waiting for them.
+exchange (`xstage.attention.ulysses`), sends each row into the buffer of the rank that owns it.
+Paced exchange (the default): the epilogue parks the tile in a per-program staging slot in local
+memory, and the next tile's key loop sends it on in chunks of `chunk_rows` rows, one chunk every
+`n_blocks / (n_chunks + 1)` key blocks, each program at its own phase within that period. Storing
+whole tiles in the epilogue (`paced=False`, the burst exchange) makes every program hit the path at
+the same moment, since the programs run in step; the burst of all programs (grid x remote tile
+bytes, 3.7 MB at 132 x 28 KiB) exceeds what the path buffers, so the stores stall every program for
+the burst's drain time (70 us over PCIe), and the stalls, uneven across SMs, pull the programs out
+of step, which at long sequences costs the L2 reuse of K/V. Paced, the path sees a steady trickle
+far below its bandwidth and the key loop runs as it does without an exchange. Once a tile's last
+chunk is sent (at least one pacing period before the tile's end), the program raises the owners'
+per-source counters with a release add, which then finds the stores landed (see
+`shared/design/burst-gap.md`). The last tile of each program has no next tile to hide in: it is
+sent after the loop.
 
 Example:
     >>> import torch
@@ -48,7 +58,8 @@ class FlashConfig:
 
     `ctas_per_sm` sizes the persistent grid (programs = SMs x ctas_per_sm, at most the tile count);
     0 launches one program per tile. `use_tma` None means: TMA descriptors when the GPU and the
-    strides allow them.
+    strides allow them. `chunk_rows`: rows per send of the paced exchange (a power of two; 0 means
+    4 KiB chunks at 2-byte elements, i.e. `2048 // D` rows, at most `block_m`).
     """
 
     block_m: int = 128
@@ -57,6 +68,7 @@ class FlashConfig:
     num_stages: int = 3
     ctas_per_sm: int = 1
     use_tma: bool | None = None
+    chunk_rows: int = 0
 
 
 def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> FlashConfig:
@@ -101,9 +113,10 @@ def _attn_fwd_kernel(
     q_rb, q_cb, k_rb, k_cb, v_rb, v_cb,
     p_kv_lens, qk_scale,
     H, S_q, S_k, n_m, n_tiles,
-    p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig,
+    p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig, p_stage,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr, PACED: tl.constexpr,
+    CHUNK_ROWS: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     # q, k, v are TMA descriptors over 2-D views (row = b * rb + s, col = b * cb + h * s_h + d) when
     # USE_TMA, else pointers to [B, S, H, D] with unit stride in D.
@@ -111,9 +124,15 @@ def _attn_fwd_kernel(
     o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, HEAD_DIM)
     n_progs = tl.num_programs(0)
+    pid = tl.program_id(0)
+    N_CHUNKS: tl.constexpr = BLOCK_M // CHUNK_ROWS
+    p_slot = p_stage + pid.to(tl.int64) * (BLOCK_M * HEAD_DIM)  # [BM, D] staging slot (paced exchange)
     pend_lo = 0
     pend_hi = -1  # owners of the previous tile's rows, not yet signalled (none)
-    for tile in range(tl.program_id(0), n_tiles, n_progs):
+    prev_m0 = -1  # first row of the staged previous tile (paced exchange; -1: none)
+    prev_b = tl.full([], 0, tl.int64)
+    prev_h = tl.full([], 0, tl.int64)
+    for tile in range(pid, n_tiles, n_progs):
         i_b, i_h, i_m = _tile_coords(tile, n_m, H)
         i_b = i_b.to(tl.int64)
         i_h = i_h.to(tl.int64)
@@ -137,7 +156,17 @@ def _attn_fwd_kernel(
         b_l = tl.zeros([BLOCK_M], tl.float32)
         b_acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         n_full = (kv_len // BLOCK_N) * BLOCK_N
+        n_blocks = n_full // BLOCK_N
+        # One chunk of the previous tile every `pace` key blocks, this program at phase `pid % pace`
+        # of the period, so that the programs (which run in step) take turns on the path.
+        pace = tl.maximum(n_blocks // (N_CHUNKS + 1), 1)
+        phase = pid % pace
         for start_n in range(0, n_full, BLOCK_N):
+            if EXCHANGE and PACED:
+                i_blk = start_n // BLOCK_N
+                if (prev_m0 >= 0) & (i_blk % pace == phase) & (i_blk // pace < N_CHUNKS):
+                    _send_chunk(p_slot, p_o, i_blk // pace, prev_m0, S_q, prev_b, prev_h, p_dst_tab, p_dst_row0,
+                                d_sb, d_ss, d_sh, head_off, HEAD_DIM, CHUNK_ROWS)
             if USE_TMA:
                 b_k = k.load([k_row0 + start_n, k_col])  # [BN, D]
                 b_v = v.load([v_row0 + start_n, v_col])
@@ -160,7 +189,22 @@ def _attn_fwd_kernel(
                                            DOT_PREC)
         # A batch with no valid key gets zeros, not 0/0.
         b_o = (b_acc / tl.where(b_l == 0.0, 1.0, b_l)[:, None]).to(p_o.dtype.element_ty)  # [BM, D]
-        if EXCHANGE:
+        if EXCHANGE and PACED:
+            if prev_m0 >= 0:
+                # chunks that found no slot in a key loop shorter than N_CHUNKS blocks
+                for i_c in range(tl.minimum(n_blocks, N_CHUNKS), N_CHUNKS):
+                    _send_chunk(p_slot, p_o, i_c, prev_m0, S_q, prev_b, prev_h, p_dst_tab, p_dst_row0,
+                                d_sb, d_ss, d_sh, head_off, HEAD_DIM, CHUNK_ROWS)
+                _signal_tile(p_sig_tab, p_sig, p_dst_row0, prev_m0, S_q, BLOCK_M)
+            # every thread has read the previous tile from the slot before it is overwritten, and the
+            # slot holds this tile for every thread before the next key loop reads it
+            tl.debug_barrier()
+            tl.store(p_slot + o_m[:, None] * HEAD_DIM + o_d[None, :], b_o)
+            tl.debug_barrier()
+            prev_m0 = m0
+            prev_b = i_b
+            prev_h = i_h
+        elif EXCHANGE:
             # Publish the previous tile's rows only now: this tile's compute was the gap in which
             # they drained, so the release (which waits for them to land) costs little. Releasing
             # right after the stores would stall every program for the whole X-Stage.
@@ -170,8 +214,42 @@ def _attn_fwd_kernel(
         else:
             p_out = p_o + i_b * s_ob + i_h * s_oh + o_s.to(tl.int64)[:, None] * s_os + o_d[None, :]
             tl.store(p_out, b_o, mask=(o_s < S_q)[:, None])
-    if EXCHANGE:
+    if EXCHANGE and PACED:
+        if prev_m0 >= 0:
+            for i_c in range(N_CHUNKS):
+                _send_chunk(p_slot, p_o, i_c, prev_m0, S_q, prev_b, prev_h, p_dst_tab, p_dst_row0, d_sb, d_ss,
+                            d_sh, head_off, HEAD_DIM, CHUNK_ROWS)
+            _signal_tile(p_sig_tab, p_sig, p_dst_row0, prev_m0, S_q, BLOCK_M)
+    elif EXCHANGE:
         _signal_owners(p_sig_tab, p_sig, p_dst_row0, pend_lo, pend_hi)
+
+
+@triton.jit
+def _send_chunk(p_slot, p_o, i_c, m0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off,
+                HEAD_DIM: tl.constexpr, CHUNK_ROWS: tl.constexpr):
+    # Rows [i_c * CR, (i_c + 1) * CR) of the staged tile (first row m0) to their owners. The slot was
+    # written by other threads of this program: read it through L2 (.cg), not a stale L1 line.
+    # Chunks past the sequence's end (in its last, partial tile) have no owner.
+    c0 = m0 + i_c * CHUNK_ROWS
+    if c0 < S_q:
+        o_r = i_c * CHUNK_ROWS + tl.arange(0, CHUNK_ROWS)  # [CR] rows within the tile
+        o_d = tl.arange(0, HEAD_DIM)
+        b_c = tl.load(p_slot + o_r[:, None] * HEAD_DIM + o_d[None, :], cache_modifier=".cg")  # [CR, D]
+        _store_rows(b_c, p_o, c0 + tl.arange(0, CHUNK_ROWS), o_d, c0, S_q, i_b, i_h, p_dst_tab, p_dst_row0, d_sb,
+                    d_ss, d_sh, head_off, CHUNK_ROWS)
+
+
+@triton.jit
+def _signal_tile(p_sig_tab, p_sig, p_dst_row0, m0, S_q, BLOCK_M: tl.constexpr):
+    # The owners of rows [m0, min(m0 + BLOCK_M, S_q)): the first is the rank whose range holds m0.
+    i_lo = 0
+    while tl.load(p_dst_row0 + i_lo + 1) <= m0:
+        i_lo += 1
+    i_hi = i_lo
+    row_last = tl.minimum(m0 + BLOCK_M, S_q) - 1
+    while tl.load(p_dst_row0 + i_hi + 1) <= row_last:
+        i_hi += 1
+    _signal_owners(p_sig_tab, p_sig, p_dst_row0, i_lo, i_hi)
 
 
 @triton.jit
@@ -285,7 +363,9 @@ class Exchange:
     batch_stride, row_stride, head_stride: element strides of every rank's output `[B, S_p, H_total, D]`;
     head_offset: index of this rank's first head among H_total heads;
     sig_table: int64 [P] addresses of the int32 counter that rank p keeps for this source;
-    sig_like: an int32 tensor on the kernel's device (types the counter pointers).
+    sig_like: an int32 tensor on the kernel's device (types the counter pointers);
+    paced: send each tile in chunks during the next tile's key loop (True), or store it whole in the
+    epilogue (False, the burst exchange; kept for comparison).
     """
 
     dst_table: torch.Tensor
@@ -296,6 +376,14 @@ class Exchange:
     sig_like: torch.Tensor
     row_stride: int
     head_stride: int
+    paced: bool = True
+
+
+def _chunk_rows(cfg: FlashConfig, head_dim: int) -> int:
+    rows = cfg.chunk_rows or max(1, 2048 // head_dim)
+    if rows & (rows - 1) or rows < 1:
+        raise InputError(f"config.chunk_rows={cfg.chunk_rows}: must be a power of two")
+    return min(rows, cfg.block_m)
 
 
 def flash_attention(
@@ -357,13 +445,17 @@ def flash_attention(
     else:
         args_qkv = (q, k, v)
         views = [(0, 0)] * 3
+    chunk_rows = _chunk_rows(cfg, D)
+    paced = exchange is not None and exchange.paced
     if exchange is None:
-        ex_args = (out, out, out, 0, 0, 0, out, out)
+        ex_args = (out, out, out, 0, 0, 0, out, out, out)
         o_strides = (out.stride(0), out.stride(1), out.stride(2))
     else:
         e = exchange
+        # one [BLOCK_M, D] staging slot per program (paced exchange)
+        stage = torch.empty(grid * cfg.block_m * D if paced else 1, dtype=out.dtype, device=out.device)
         ex_args = (e.dst_table, e.row0, e.batch_stride, e.row_stride, e.head_stride, e.head_offset,
-                   e.sig_table, e.sig_like)
+                   e.sig_table, e.sig_like, stage)
         o_strides = (0, 0, 0)
     _LAST_KERNEL[0] = _attn_fwd_kernel[(grid,)](
         *args_qkv, out,
@@ -374,7 +466,7 @@ def flash_attention(
         H, S_q, S_k, n_m, n_tiles,
         *ex_args,
         HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
-        HAS_KV_LENS=kv_lens is not None, EXCHANGE=exchange is not None,
+        HAS_KV_LENS=kv_lens is not None, EXCHANGE=exchange is not None, PACED=paced, CHUNK_ROWS=chunk_rows,
         # fp32 inputs get fp32 products (tl.dot would round them to tf32 on a GPU by default)
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,

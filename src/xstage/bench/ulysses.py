@@ -12,7 +12,9 @@ Variants per configuration (heads x dim, total tokens, P), all on rank 0's share
   into its output; each other rank's rows, one contiguous chunk, into that rank's receive buffer);
 - `serial_cudnn`: cuDNN SDPA (torch), then the same exchange;
 - `fused`: the kernel with the exchange in its epilogue; sender-visible = the kernel, receiver-
-  visible = the kernel plus the wait for every destination's counters.
+  visible = the kernel plus the wait for every destination's counters. The exchange is paced (each
+  tile sent in chunks during the next tile's key loop) unless `--burst` asks for the epilogue that
+  stores whole tiles (for comparison; write such runs to their own folder).
 Every variant is timed as CUDA-graph replays (no host launch overhead). Each row has sender- and
 receiver-visible medians (ns), TFLOP/s of the attention work, and whether
 every destination received exactly the attention output. The summary adds ratios and, where
@@ -83,8 +85,11 @@ def _sdpa_cudnn(qg, kg, vg):
             qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2)).transpose(1, 2)
 
 
-def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None) -> list[dict]:
+def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None,
+                   paced: bool = True) -> list[dict]:
     """Rows for every variant of one configuration (rank `rank` of a loopback group of P)."""
+    import dataclasses
+
     from xstage.attention.flash import default_config, flash_attention
     from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
     from xstage.attention.ulysses import fused_state, loopback_gather, run_fused, serial_loopback_exchange, wait_fused
@@ -108,6 +113,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
     og = empty_gathered_out(plan, dtype, dev)
     ctx = create_context(path=path, loopback_world=P, rank=rank, device=dev)
     state = fused_state(ctx, plan, dtype, fc.block_m)
+    state.exchange = dataclasses.replace(state.exchange, paced=paced)
     n_m = math.ceil(T / fc.block_m)
     tiles = h * n_m
     grid = min(tiles, torch.cuda.get_device_properties(dev).multi_processor_count * max(fc.ctas_per_sm, 1))
@@ -193,9 +199,11 @@ def tuned_configs(*core_csvs) -> dict:
     return {d: c for d, (_, c) in best.items()}
 
 
-def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None) -> Path:
+def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None,
+             paced=True) -> Path:
     """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
-    `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim."""
+    `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim;
+    `paced=False`: the fused rows use the burst epilogue."""
     if not torch.cuda.is_available():
         raise InputError("bench ulysses: needs a CUDA GPU")
     out = Path(out_dir)
@@ -208,7 +216,7 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
             print(f"bench ulysses: stopping after {max_seconds} s; run again to resume")
             break
         fc = flash_cfg.get(cfg["dim"]) if isinstance(flash_cfg, dict) else flash_cfg
-        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc)
+        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, paced=paced)
         for row in rows:
             if not writer.done(row):
                 writer.write(row)
@@ -434,7 +442,7 @@ def _handler(args) -> int:
         run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
     elif not args.report_only:
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
-                 max_seconds=args.max_seconds, flash_cfg=fc)
+                 max_seconds=args.max_seconds, flash_cfg=fc, paced=not args.burst)
     summary = write_report(args.out)
     from xstage.cli import emit
 
@@ -450,6 +458,8 @@ def register_bench(grids) -> None:
                    help="attention core vs cuDNN SDPA (16K tokens 24x128, 17776 tokens 30x64), a few configs")
     p.add_argument("--core-shapes", default=None, help="with --core: TOKENSxHEADSxDIM[,...] (default both)")
     p.add_argument("--report-only", action="store_true", help="only redraw summary.md and plots from the CSV")
+    p.add_argument("--burst", action="store_true",
+                   help="fused rows with the burst epilogue (whole tiles stored at once) instead of the paced one")
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new configurations after this")
     p.add_argument("--tuned-from", action="append", default=None,
                    help="core.csv (repeatable): use the fastest configuration per head dim")
