@@ -53,7 +53,7 @@ def _data_for(profile):
 
     from xstage.model import load_reference_data, read_observations
 
-    name = Path(str(profile.provenance.get("data_file", ""))).name
+    name = str(profile.provenance.get("packaged_data") or Path(str(profile.provenance.get("data_file", ""))).name)
     ref = resources.files("xstage.data").joinpath(name) if name else None
     if ref is not None and ref.is_file():
         return read_observations(Path(str(ref))), name
@@ -92,7 +92,7 @@ def run_demo(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     profile = load_default_profile("host")
     params = _param_rows(profile)
-    loco = profile.fit_quality.get("loco", {})
+    loco = profile.fit_quality.get("loco") or profile.fit_quality.get("heldout") or {}
     data, data_name = _data_for(profile)
     pred = predict(profile, data)
     err = np.abs(np.asarray(pred["rel_error"], dtype=float))
@@ -110,7 +110,8 @@ def run_demo(args) -> int:
         "",
         markdown_table(params, ["parameter", "value", "95% interval", "status"]),
         "",
-        f"Held-out error (leave one configuration out, {loco.get('n_configs', '?')} configurations): "
+        f"Held-out error ({loco.get('rule', 'leave one configuration out')}; {loco.get('n_configs', '?')} "
+        "configurations): "
         f"median {100 * loco.get('median_rel_error', math.nan):.1f}%, "
         f"p90 {100 * loco.get('p90_rel_error', math.nan):.1f}%.",
         f"In-sample error over {len(err)} burst observations: median {100 * np.median(err):.1f}%, "

@@ -12,7 +12,8 @@ Public API (stable):
 * Data: `LONG_COLUMNS`, `SUMMARY_COLUMNS`, `SCHEMA`, `validate_long`, `summarise`,
   `read_observations`, `load_reference_data`, `Observations`.
 * Fitting: `fit_path`, `evaluate_loco`, `calibration_design`, `synthetic_observations`.
-* Profiles: `Profile`, `load_default_profile`, `build_profile`, `predict`.
+* Profiles: `Profile`, `load_default_profile` (host: xstage's H200 probe; peer: 2 x H200 NVLink),
+  `load_reference_profile` (host, fitted to the reference probe), `build_profile`, `predict`.
 * Plots: `plot_issue_vs_burst`, `plot_issue_vs_gap`.
 
 Example:
@@ -38,12 +39,13 @@ from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.fit import FitResult, evaluate_loco, fit_path
 from xstage.model.params import PathParams
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
-from xstage.model.profile import Profile, load_default_profile
+from xstage.model.profile import Profile, load_default_profile, load_reference_profile
 from xstage.model.simulate import BurstResult, PathSimulator, simulate_bursts
 
 __all__ = [
     "LONG_COLUMNS", "SCHEMA", "SUMMARY_COLUMNS", "BurstResult", "FitResult", "Observations", "PathParams",
     "PathSimulator", "Profile", "build_profile", "calibration_design", "closed_form", "evaluate_loco",
-    "fit_path", "load_default_profile", "load_reference_data", "plot_issue_vs_burst", "plot_issue_vs_gap",
+    "fit_path", "load_default_profile", "load_reference_data", "load_reference_profile", "plot_issue_vs_burst",
+    "plot_issue_vs_gap",
     "predict", "read_observations", "simulate_bursts", "summarise", "synthetic_observations", "validate_long",
 ]

@@ -24,12 +24,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 from xstage.errors import InputError
+from xstage.model.data import atomic_open
 from xstage.model.params import PARAM_UNITS, PathParams
 from xstage.model.predict import DEFAULT_CLASSES
 
@@ -113,17 +112,9 @@ class Profile:
 
     def save(self, path) -> None:
         """Write through a temporary file and a rename: a failure leaves an existing file untouched."""
-        path = Path(path)
         text = json.dumps(self.to_dict(), indent=2) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_open(path) as f:
+            f.write(text)
 
 
 def default_profile_path(path: str = "host") -> Path:
