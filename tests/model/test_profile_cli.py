@@ -13,13 +13,21 @@ from xstage.model.commands import parse_size, parse_time, predict_burst
 from xstage.model.data import SUMMARY_COLUMNS, load_reference_data, write_csv_atomic
 from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.params import PathParams
-from xstage.model.profile import Profile, load_default_profile
+from xstage.model.profile import Profile, load_default_profile, load_reference_profile
 
 KIB = 1024
 
 
-def test_default_profile_is_the_fitted_host_path():
-    prof = load_default_profile()
+def test_default_profiles_are_the_measured_paths():
+    host, peer = load_default_profile(), load_default_profile("peer")
+    assert host.path == "host" and host.provenance["gpu"] == "NVIDIA H200"
+    assert host.fit_quality["heldout"]["median_rel_error"] <= 0.10
+    assert peer.path == "peer" and peer.fit_quality["heldout"]["median_rel_error"] <= 0.10
+    assert peer.params.drain > 5 * host.params.drain  # NVLink drains far faster than PCIe
+
+
+def test_reference_profile_is_the_fitted_host_path():
+    prof = load_reference_profile()
     assert prof.path == "host" and prof.provenance["data_file"] == "h200-hostlink-probe.csv"
     p = prof.params
     assert 40e9 < p.drain < 70e9 and 40e9 < p.r0 < 60e9
@@ -32,7 +40,7 @@ def test_default_profile_predicts_the_reference_points():
     """Independent of the fit's own bookkeeping: re-predict the host rows and measure the error."""
     from xstage.model.api import predict
 
-    out = predict(load_default_profile(), load_reference_data())
+    out = predict(load_reference_profile(), load_reference_data())
     err = np.abs(out["rel_error"])
     assert np.median(err) < 0.10
     assert len(err) == 240
@@ -55,7 +63,7 @@ def test_profile_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="not valid JSON"):
         Profile.load(f)
     with pytest.raises(InputError, match="no embedded default profile"):
-        load_default_profile("peer")
+        load_default_profile("hbm")
 
 
 @pytest.mark.parametrize("text, value", [("65536", 65536), ("64KiB", 65536), ("4MiB", 4 * 2**20),

@@ -42,6 +42,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import math
@@ -371,17 +372,24 @@ def load_reference_data(path=None) -> Observations:
     return read_observations(path or reference_csv_path())
 
 
-def write_csv_atomic(path, rows: list[dict], columns: list[str]) -> None:
-    """Write rows to `path` through a temporary file and a rename: a failure leaves `path` untouched."""
+@contextlib.contextmanager
+def atomic_open(path, newline: str | None = None):
+    """A text file that replaces `path` only when the block completes: a failure leaves `path` untouched."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
-        with os.fdopen(fd, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(rows)
+        with os.fdopen(fd, "w", newline=newline) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_csv_atomic(path, rows: list[dict], columns: list[str]) -> None:
+    """Write rows to `path` through a temporary file and a rename (`atomic_open`)."""
+    with atomic_open(path, newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)

@@ -33,7 +33,10 @@ from xstage.model.params import PARAM_UNITS, PathParams
 from xstage.model.predict import DEFAULT_CLASSES
 
 FORMAT = "xstage-profile/1"
-DEFAULT_PROFILES = {"host": "h200-host-profile.json"}
+# The host default is xstage's own H200 measurement (`xstage probe --path host`); the fit to the
+# independent reference run stays beside it as `h200-host-profile.json` (`load_reference_profile`).
+DEFAULT_PROFILES = {"host": "h200-host-probe-profile.json", "peer": "h200-nvlink-peer-profile.json"}
+REFERENCE_PROFILE = "h200-host-profile.json"
 
 
 def _jsonable(x):
@@ -121,6 +124,11 @@ def default_profile_path(path: str = "host") -> Path:
     if path not in DEFAULT_PROFILES:
         raise InputError(f"path: no embedded default profile for {path!r}; available: {sorted(DEFAULT_PROFILES)}")
     return Path(str(resources.files("xstage.data") / DEFAULT_PROFILES[path]))
+
+
+def load_reference_profile() -> Profile:
+    """The H200 host-link profile fitted to the independent reference probe run."""
+    return Profile.load(Path(str(resources.files("xstage.data") / REFERENCE_PROFILE)))
 
 
 def load_default_profile(path: str = "host") -> Profile:
