@@ -4,6 +4,8 @@
 # the time allows (resumable). Results (core.csv, ulysses.csv, summary.md, plots) go to $OUT/results,
 # logs to $OUT (default ./out/attention).
 #   usage: benchmarks/attention_gpu.sh [core|tests|grid]...   (default: all three)
+#   GRID_PATH=hbm puts the other ranks' buffers in device memory; GRID_BURST=1 measures the fused rows
+#   with the whole-tile (burst) epilogue instead of the paced one (use its own OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -32,7 +34,8 @@ for step in "${steps[@]}"; do
       for o in $GRID_ONLY; do only+=(--only "$o"); done
       # the fastest configuration per head dim from the core step, when it ran
       for csv in "$RES/core.csv" ${TUNED_FROM:-}; do if [ -f "$csv" ]; then only+=(--tuned-from "$csv"); fi; done
-      timeout "${GRID_TIMEOUT:-$((GRID_SECONDS + 120))}" python3 -m xstage bench ulysses -o "$RES" --path host \
+      [ -n "${GRID_BURST:-}" ] && only+=(--burst)
+      timeout "${GRID_TIMEOUT:-$((GRID_SECONDS + 120))}" python3 -m xstage bench ulysses -o "$RES" --path "${GRID_PATH:-host}" \
         --warmup "${GRID_WARMUP:-1}" --rep "${GRID_REP:-6}" --max-seconds "$GRID_SECONDS" "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac

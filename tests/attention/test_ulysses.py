@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from xstage.attention import UlyssesAttention, ulysses_attention, ulysses_reference
-from xstage.attention.flash import FlashConfig
+from xstage.attention.flash import FlashConfig, default_config
 from xstage.attention.layout import UlyssesPlan, pack_qkv, split_sizes, unpack_out, unpack_qkv
 from xstage.attention.ulysses import fused_state, loopback_index, run_fused
 from xstage.comm import create_context
@@ -77,7 +77,9 @@ def _loopback_case(world, rank, H, seq, dtype, device, path):
 )
 def test_loopback_layout_and_values(world, rank, H, seq, dtype, mode, device):
     plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, dtype, device, "hbm")
-    cfg_bm = 32 if device == "cpu" else 128
+    # the state (and output buffers) of the block size ulysses_attention will use: fp32 takes
+    # smaller blocks than fp16 on a GPU
+    cfg_bm = default_config(plan.head_dim, dtype, torch.device(device)).block_m
     out_buf = fused_state(ctx, plan, dtype, cfg_bm).out
     for t in out_buf.peers:
         t.fill_(float("nan"))

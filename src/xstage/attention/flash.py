@@ -15,17 +15,16 @@ When the tile's output is final, the epilogue either stores it into `o` or, for 
 exchange (`xstage.attention.ulysses`), sends each row into the buffer of the rank that owns it.
 Paced exchange (the default): the epilogue parks the tile in a per-program staging slot in local
 memory, and the next tile's key loop sends it on in chunks of `chunk_rows` rows, one chunk every
-`n_blocks / (n_chunks + 1)` key blocks, each program at its own phase within that period. Storing
-whole tiles in the epilogue (`paced=False`, the burst exchange) makes every program hit the path at
-the same moment, since the programs run in step; the burst of all programs (grid x remote tile
-bytes, 3.7 MB at 132 x 28 KiB) exceeds what the path buffers, so the stores stall every program for
-the burst's drain time (70 us over PCIe), and the stalls, uneven across SMs, pull the programs out
-of step, which at long sequences costs the L2 reuse of K/V. Paced, the path sees a steady trickle
-far below its bandwidth and the key loop runs as it does without an exchange. Once a tile's last
-chunk is sent (at least one pacing period before the tile's end), the program raises the owners'
-per-source counters with a release add, which then finds the stores landed (see
-`shared/design/burst-gap.md`). The last tile of each program has no next tile to hide in: it is
-sent after the loop.
+`n_blocks / (n_chunks + 1)` key blocks, each program at its own phase within that period, so that
+the programs, which run in step, take turns on the path. Storing whole tiles in the epilogue
+(`paced=False`, the burst exchange) makes every program store at the same moment: the burst of the
+whole grid (132 x 28 KiB at D=128, P=8) is far more than the path drains at once (about 70 us over
+PCIe), the stores stall the programs, and the kernel's compute stretches (on one H200, host path,
+24 x 128: 1.17x attention alone at 118800 tokens, P=2; paced 1.06x; see
+benchmarks/results/h200-ulysses/runs.md). Once a tile's last chunk is sent (at least one pacing
+period before the tile's end), the program raises the owners' per-source counters with a release
+add, which then finds the stores landed (see `shared/design/burst-gap.md`). The last tile of each
+program has no next tile to hide in: it is sent after the loop.
 
 Example:
     >>> import torch
