@@ -99,10 +99,13 @@ def _profile_text(prof) -> list[str]:
         if name in prof.fitted and not prof.identified.get(name, True):
             tag = "  (not identified by the data)"
         lines.append(f"  {name:>9} = {_fmt(name, v)}{ci_txt}{tag}")
-    loco = prof.fit_quality.get("loco")
-    if loco:
-        lines.append(f"held-out (leave one configuration out, {loco.get('n_configs')} configurations): "
-                     f"median {100 * loco['median_rel_error']:.1f}%, p90 {100 * loco['p90_rel_error']:.1f}%")
+    # Profiles from `xstage fit` carry leave-one-configuration-out errors; `xstage probe` holds a
+    # fixed split of configurations out instead.
+    for key, label in (("loco", "leave one configuration out"), ("heldout", "held-out configurations")):
+        q = prof.fit_quality.get(key)
+        if q:
+            lines.append(f"held-out error ({label}, {q.get('n_configs')} configurations): "
+                         f"median {100 * q['median_rel_error']:.1f}%, p90 {100 * q['p90_rel_error']:.1f}%")
     return lines
 
 
