@@ -63,6 +63,18 @@ class TaskCosts:
         want = f"{kind}@{block}" if block else kind
         raise InputError(f"task costs of {self.kernel}: nothing measured for {want!r}; have {sorted(self.kinds)}")
 
+    @classmethod
+    def merged(cls, *parts: TaskCosts) -> TaskCosts:
+        """One table from calibrations of different tile configs (later parts win on equal keys)."""
+        if not parts or len({p.kernel for p in parts}) != 1:
+            raise InputError("merged task costs: give one or more calibrations of the same kernel")
+        kinds: dict[str, KindCost] = {}
+        quality: dict = {}
+        for p in parts:
+            kinds.update(p.kinds)
+            quality.update(p.quality)
+        return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality)
+
     def to_dict(self) -> dict:
         return {
             "kernel": self.kernel,
