@@ -17,6 +17,17 @@ def _pyplot():
     return plt
 
 
+def save_figure(fig, out_png: str | os.PathLike) -> Path:
+    """Lay out, write (creating the folder) and close a figure; returns the PNG path."""
+    plt = _pyplot()
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def plot_lines(
     rows: Sequence[Mapping[str, object]],
     x: str,
@@ -51,12 +62,7 @@ def plot_lines(
     ax.grid(True, alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_png)
 
 
 def plot_bars(
@@ -82,9 +88,4 @@ def plot_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_png)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from xstage.bench.plots import save_figure
 from xstage.sched.simulate import SimResult
 
 COLORS = {"compute": "#4c72b0", "issue": "#55a868", "stall": "#c44e52", "wait": "#dddddd"}
@@ -42,9 +43,4 @@ def plot_timeline(result: SimResult, out_png: str | os.PathLike, *, title: str =
     axq.set_ylabel("backlog (MiB)")
     if result.backlog:
         axq.legend(fontsize=8)
-    fig.tight_layout()
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_png)
