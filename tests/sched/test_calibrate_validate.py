@@ -47,3 +47,18 @@ def test_traced_tiles_are_positive_and_fit_inside_the_kernel():
     mcfg, _, kinds, dur = trace_tasks("H1152-I4608-E8-K2", 1024, reps=1)
     assert len(dur) == len(kinds) and (dur > 0).mean() > 0.99
     assert set(np.unique(kinds)) == {0, 1, 2}
+
+
+def test_tile_time_interpolates_measured_medians_in_log_rows():
+    from xstage.sched.costs import KindCost, TaskCosts
+
+    table = [{"shape": "S", "block": "64x128x256x64", "kind": "linear1", "rows_per_expert": r, "median_ns": t}
+             for r, t in ((16.0, 100.0), (256.0, 200.0))]
+    costs = TaskCosts("moe", {"linear1@64x128x256x64": KindCost(0.0, 10.0)}, table=table)
+    assert costs.tile_ns("linear1", "64x128x256x64", "S", 64.0, 1e6) == pytest.approx(150.0)  # log-midpoint
+    assert costs.tile_ns("linear1", "64x128x256x64", "S", 1.0, 1e6) == pytest.approx(100.0)  # held at the ends
+    assert costs.tile_ns("linear1", "64x128x256x64", "S", 1e5, 1e6) == pytest.approx(200.0)
+    # An unmeasured shape falls back to the per-kind fit.
+    assert costs.tile_ns("linear1", "64x128x256x64", "other", 64.0, 1e6) == pytest.approx(1e5)
+    back = TaskCosts.from_dict(costs.to_dict())
+    assert back.table == table

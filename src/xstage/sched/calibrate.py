@@ -61,26 +61,32 @@ def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
     return KindCost(float(icpt), float(1.0 / slope))
 
 
-def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens: int = 4096, block_spec: str | None = None, reps: int = 3,
+def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), reps: int = 3,
                   progress=None) -> tuple[TaskCosts, list[dict]]:
-    """Trace every shape, fit per-kind costs; returns the costs and the per-shape medians."""
+    """Trace every shape at every token count and tile config; fit per-kind costs.
+
+    Returns the costs (a cross-shape fit per kind and tile config, plus the measured medians per shape
+    and rows per expert, which the planner interpolates) and those medians as rows."""
     from xstage.env import environment
 
+    token_list = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
+    runs = [(shape, t, b) for shape in shapes for t in token_list for b in (block_specs or (None,))]
     per_shape = []
     blocks = set()
-    for i, shape in enumerate(shapes):
-        mcfg, cfg, kinds, dur = trace_tasks(shape, tokens, block_spec, reps)
+    for i, (shape, t, spec) in enumerate(runs):
+        mcfg, cfg, kinds, dur = trace_tasks(shape, t, spec, reps)
         blocks.add(mcfg.block)
         for k in (DISPATCH, LINEAR1, LINEAR2):
             sel = dur[kinds == k]
             sel = sel[sel > 0]
             if len(sel):
-                per_shape.append({"shape": shape, "block": mcfg.block, "kind": KIND_NAMES[k],
+                per_shape.append({"shape": shape, "block": mcfg.block, "kind": KIND_NAMES[k], "tokens": t,
+                                  "rows_per_expert": t * mcfg.topk / mcfg.num_experts,
                                   "work": task_work(mcfg, k), "median_ns": float(np.median(sel)),
                                   "p10_ns": float(np.quantile(sel, 0.1)), "p90_ns": float(np.quantile(sel, 0.9)),
                                   "tasks": int(len(sel))})
         if progress:
-            progress(i + 1, len(shapes))
+            progress(i + 1, len(runs))
     kinds: dict[str, KindCost] = {}
     quality: dict[str, dict] = {}
     for block in sorted(blocks):
@@ -93,8 +99,10 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens: int = 4096, block_spec: str
             cost = fit_kind(w, t)
             kinds[f"{name}@{block}"] = cost
             rel = [cost.time_ns(r["work"]) / r["median_ns"] - 1 for r in rows]
-            quality[f"{name}@{block}"] = {"max_abs_rel_error": float(np.max(np.abs(rel))), "shapes": len(rows)}
+            quality[f"{name}@{block}"] = {"max_abs_rel_error": float(np.max(np.abs(rel))), "points": len(rows)}
     env = environment()
     prov = {k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
-    prov.update({"tokens": tokens, "shapes": list(shapes), "method": "in-kernel %globaltimer per task, EP=1"})
-    return TaskCosts("moe", kinds, prov, quality), per_shape
+    prov.update({"tokens": token_list, "shapes": list(shapes), "blocks": sorted(blocks),
+                 "method": "in-kernel %globaltimer per task, EP=1"})
+    table = [{k: r[k] for k in ("shape", "block", "kind", "rows_per_expert", "median_ns")} for r in per_shape]
+    return TaskCosts("moe", kinds, prov, quality, table), per_shape

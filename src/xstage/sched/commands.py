@@ -66,13 +66,15 @@ def run_calibrate(args) -> int:
 
     out = Path(args.out)
     shapes = args.shapes.split(",") if args.shapes else list(CALIBRATION_SHAPES)
-    costs, per_shape = calibrate_moe(shapes, tokens=args.tokens, block_spec=args.block, reps=args.reps,
+    tokens = [int(t) for t in str(args.tokens).split(",")]
+    costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=args.block or [None], reps=args.reps,
                                      progress=_progress("calibrate"))
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "moe-task-costs.json")
     from xstage.bench.results import ResultWriter
 
-    w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]), key_columns=["shape", "block", "kind"])
+    w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
+                     key_columns=["shape", "block", "kind", "tokens"])
     w.write_many(r for r in per_shape if not w.done(r))
     table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate,
               "max_err": costs.quality[k]["max_abs_rel_error"]} for k, c in costs.kinds.items()]
@@ -128,8 +130,9 @@ def register(sub) -> None:
     c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
     c.add_argument("-o", "--out", required=True, help="output folder (moe-task-costs.json, moe-tiles.csv)")
     c.add_argument("--shapes", help="comma-separated shapes (default: the four benchmark shapes)")
-    c.add_argument("--tokens", type=int, default=4096, help="tokens per rank of the traced runs")
-    c.add_argument("--block", help="tile config BM:BN1:BN2:BK:WARPS:STAGES (default: the benchmark's)")
+    c.add_argument("--tokens", default="4096", help="comma-separated token counts of the traced runs (EP=1)")
+    c.add_argument("--block", action="append", help="tile config BM:BN1:BN2:BK:WARPS:STAGES, repeatable "
+                   "(default: the benchmark's choice per shape)")
     c.add_argument("--reps", type=int, default=3, help="traced runs per shape (median)")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(handler=run_calibrate)

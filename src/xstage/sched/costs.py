@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from xstage.errors import InputError
 
 
@@ -42,6 +44,18 @@ class TaskCosts:
     kinds: dict[str, KindCost]
     provenance: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
+    table: list = field(default_factory=list)  # measured medians: shape, block, kind, rows_per_expert, median_ns
+
+    def tile_ns(self, kind: str, block: str, shape: str, rows_per_expert: float, work: float) -> float:
+        """A task's compute time: the measured medians of this shape, kind and tile config, interpolated
+        in log(rows per expert) and held constant beyond the measured range (how much each expert's
+        weights are reused changes a tile's time); the per-kind fit where this shape was not measured."""
+        pts = sorted((r["rows_per_expert"], r["median_ns"]) for r in self.table
+                     if r["kind"] == kind and r["block"] == block and r["shape"] == shape)
+        if not pts:
+            return self.cost(kind, block).time_ns(work)
+        xs = np.log([max(p[0], 1e-9) for p in pts])
+        return float(np.interp(np.log(max(rows_per_expert, 1e-9)), xs, [p[1] for p in pts]))
 
     def cost(self, kind: str, block: str | None = None) -> KindCost:
         """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`).
@@ -70,10 +84,12 @@ class TaskCosts:
             raise InputError("merged task costs: give one or more calibrations of the same kernel")
         kinds: dict[str, KindCost] = {}
         quality: dict = {}
+        table: list = []
         for p in parts:
             kinds.update(p.kinds)
             quality.update(p.quality)
-        return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality)
+            table.extend(p.table)
+        return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality, table)
 
     def to_dict(self) -> dict:
         return {
@@ -81,13 +97,17 @@ class TaskCosts:
             "kinds": {k: {"overhead_ns": c.overhead_ns, "rate": c.rate} for k, c in self.kinds.items()},
             "provenance": self.provenance,
             "quality": self.quality,
+            "table": self.table,
         }
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "task costs") -> TaskCosts:
         try:
             kinds = {k: KindCost(float(v["overhead_ns"]), float(v["rate"])) for k, v in d["kinds"].items()}
-            return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})))
+            table = [{"shape": str(r["shape"]), "block": str(r["block"]), "kind": str(r["kind"]),
+                      "rows_per_expert": float(r["rows_per_expert"]), "median_ns": float(r["median_ns"])}
+                     for r in d.get("table", [])]
+            return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{source}: malformed task costs ({type(exc).__name__}: {exc})") from None
 
