@@ -11,6 +11,10 @@ from pathlib import Path
 
 
 def _git_commit() -> str:
+    """The source tree's commit; a copied tree without git metadata takes `XSTAGE_GIT_COMMIT`."""
+    named = os.environ.get("XSTAGE_GIT_COMMIT")
+    if named:
+        return named
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(

@@ -371,8 +371,7 @@ def run_grid(out_dir, g: Ranks, *, only=None, tiny=False, dtype=torch.bfloat16, 
     if g.rank == 0:
         from xstage.env import environment
 
-        env = {**environment(), "git_commit": os.environ.get("XSTAGE_GIT_COMMIT") or environment()["git_commit"]}
-        writer = ResultWriter(Path(out_dir) / CSV_NAME, COLUMNS, KEY_COLUMNS, env=env)
+        writer = ResultWriter(Path(out_dir) / CSV_NAME, COLUMNS, KEY_COLUMNS, env=environment())
     todo = [None]
     if g.rank == 0:
         todo = [[c for c in select(grid_configs(g.world, tiny), only)

@@ -17,7 +17,6 @@ On path `peer` every rank runs the same plan in step (a barrier before each laun
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -123,8 +122,6 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
             by_key = {(s, c.label()): (s, c) for s, c in chosen_cfgs}
             todo = [by_key[tuple(k)] for k in labels]
         env = dict(environment())
-        # A copied source tree has no git metadata; the launcher may name the commit it copied.
-        env["git_commit"] = os.environ.get("XSTAGE_GIT_COMMIT", env["git_commit"])
         info = {"path": path, "sweeps": sweeps, "only": only or [], "sm_count": sm_count, "world": ctx.world,
                 "env": env, "configs_run": 0, "configs_skipped": len(chosen) - len(todo),
                 "sm_ids_used": {}, "ns_per_cycle_median": None}
