@@ -141,8 +141,19 @@ def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
         launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
         launch_reduce(pb.idx, pb.w, y, pb.buf)
     _sync()
+    main, red = time_main_and_reduce(pb, p, y, rep)
+    return main, red, y, p.schedule.num_ctas
+
+
+def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[float, float]:
+    """Median ns of the main kernel and of the reduce over `rep` event-timed runs into `y`;
+    `before_each` (e.g. a barrier across ranks) runs before every timed run."""
+    from xstage.moe.fused import launch_main, launch_reduce
+
     a, b, c = _events(rep), _events(rep), _events(rep)
     for i in range(rep):
+        if before_each is not None:
+            before_each()
         a[i].record()
         launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
         b[i].record()
@@ -152,7 +163,7 @@ def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
     pb.buf.check()
     main = sorted(a[i].elapsed_time(b[i]) * 1e6 for i in range(rep))[rep // 2]
     red = sorted(b[i].elapsed_time(c[i]) * 1e6 for i in range(rep))[rep // 2]
-    return main, red, y, p.schedule.num_ctas
+    return main, red
 
 
 _GROUPED_MM_FAILED: list[bool] = []

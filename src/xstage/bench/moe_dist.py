@@ -59,6 +59,7 @@ from xstage.bench.moe import (
     grid_configs,
     routing,
     summarize,
+    time_main_and_reduce,
 )
 from xstage.bench.results import ResultWriter, read_rows
 from xstage.errors import InputError, XstageError
@@ -242,19 +243,7 @@ def time_fused_peer(pb: PeerProblem, grp: PeerGroup, p, warmup: int, rep: int):
         if i == 0:
             _sync()
             pb.buf.check()
-    y = torch.empty_like(pb.x)
-    a, b, c = _events(rep), _events(rep), _events(rep)
-    for i in range(rep):
-        grp.barrier()
-        a[i].record()
-        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
-        b[i].record()
-        launch_reduce(pb.idx, pb.w, y, pb.buf)
-        c[i].record()
-    _sync()
-    pb.buf.check()
-    main = _median([a[i].elapsed_time(b[i]) * 1e6 for i in range(rep)])
-    red = _median([b[i].elapsed_time(c[i]) * 1e6 for i in range(rep)])
+    main, red = time_main_and_reduce(pb, p, torch.empty_like(pb.x), rep, before_each=grp.barrier)
     return main, red, y0
 
 
