@@ -29,12 +29,13 @@ def plot_timeline(result: SimResult, out_png: str | os.PathLike, *, title: str =
                 if s.kind == kind and s.cta in row and s.duration_ns > 0]
         for start, width, y in bars:
             ax.barh(y, width, left=start, height=0.8, color=color, linewidth=0)
-        ax.barh([], [], color=color, label=kind)
     ax.set_ylabel("CTA")
     ax.set_yticks(range(len(ctas))[:: max(1, len(ctas) // 12)])
     ax.set_yticklabels([str(c) for c in ctas][:: max(1, len(ctas) // 12)])
     ax.invert_yaxis()
-    ax.legend(loc="upper right", fontsize=8, ncol=4)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="upper right", fontsize=8, ncol=4)
     ax.set_title(title or f"predicted kernel time {result.time_ns / 1e3:.1f} us")
     for name, trace in result.backlog.items():
         if trace:
