@@ -73,3 +73,11 @@ def test_time_device_counts_runs():
     calls = []
     t = time_device(lambda: calls.append(1), warmup=2, rep=5)
     assert len(calls) == 7 and t.runs == 5 and t.p10_ns <= t.median_ns <= t.p90_ns
+
+
+def test_non_finite_values_round_trip(tmp_path):
+    w = _writer(tmp_path / "r.csv")
+    w.write({"shape": "a", "tokens": 1, "time_ns": float("nan")})
+    w.write({"shape": "a", "tokens": 2, "time_ns": float("inf")})
+    got = [float(r["time_ns"]) for r in read_rows(tmp_path / "r.csv")]
+    assert got[0] != got[0] and got[1] == float("inf")

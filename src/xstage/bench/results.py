@@ -9,6 +9,7 @@ killed loses at most the row in progress (a torn last line is dropped on the nex
 from __future__ import annotations
 
 import csv
+import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,9 @@ def _key(row: Mapping[str, object], columns: Sequence[str]) -> tuple[str, ...]:
 
 def _fmt(value: object) -> str:
     if isinstance(value, float):
-        return repr(value) if value != int(value) or abs(value) >= 1e16 else str(int(value))
+        if not math.isfinite(value) or value != int(value) or abs(value) >= 1e16:
+            return repr(value)  # 'nan' / 'inf' read back through float() like any other value
+        return str(int(value))
     return str(value)
 
 
