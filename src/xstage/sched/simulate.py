@@ -131,16 +131,15 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             try_start(other, now)
 
     def next_store(cta: _Cta, now: float) -> None:
-        while cta.pending_stores:
-            path, nbytes = cta.pending_stores.pop(0)
-            if nbytes > 0:
-                cta.issue_started = now
-                sims[path].start_burst(cta.index, now, nbytes)
-                trace(path, now)
-                issuing[(path, cta.index)] = cta
-                cta.pending_stores.insert(0, (path, nbytes))
-                return
-        finish_task(cta, now)
+        """Start the CTA's next store burst (the head of `pending_stores`), or finish its task."""
+        if not cta.pending_stores:
+            finish_task(cta, now)
+            return
+        path, nbytes = cta.pending_stores[0]
+        cta.issue_started = now
+        sims[path].start_burst(cta.index, now, nbytes)
+        trace(path, now)
+        issuing[(path, cta.index)] = cta
 
     def store_issued(path: str, cta: _Cta, now: float) -> None:
         _, nbytes = cta.pending_stores.pop(0)
@@ -184,7 +183,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         now, i = heapq.heappop(compute_done)
         cta = ctas[i]
         cta.pending_stores = [
-            (work.dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in work.dest_path
+            (work.dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in work.dest_path and b > 0
         ]
         next_store(cta, now)
 
