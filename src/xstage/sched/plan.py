@@ -74,14 +74,15 @@ MODEL_GUIDED = "model_guided"
 def moe_path_params(path: str) -> PathParams:
     """The store path the planner assumes for a MoE buffer's remote rows.
 
-    `host` and `peer` use the embedded profile of that path; `hbm` (device memory, no knee below
-    ~4 TB/s in the probe) is modelled as a path without windows, where only issue cost remains."""
+    `host` and `peer` use the embedded profile of that path. `hbm` has no knee in the H200 probe's
+    control run (`benchmarks/results/h200-host-probe/hbm/`: one SM issues at 63.7 GB/s, 132 SMs reach
+    4.56 TB/s), so it is a path without windows at those measured rates, where only issue cost remains."""
     import math
 
     from xstage.model import load_default_profile
 
     if path == "hbm":
-        return PathParams(r0=64e9, c_sm=math.inf, drain=4.3e12, capacity=math.inf)
+        return PathParams(r0=63.7e9, c_sm=math.inf, drain=4.56e12, capacity=math.inf)
     return load_default_profile(path).params
 
 
