@@ -18,7 +18,7 @@ from xstage.errors import InputError
 _PLAN_CONFIG = ("H4096/I2048/E256/top6", 2048, 8)
 
 
-def _fmt_value(name: str, v: float, unit: str) -> str:
+def _fmt_value(v: float, unit: str) -> str:
     if math.isinf(v):
         return "inf"
     if unit == "B/s":
@@ -38,11 +38,11 @@ def _param_rows(profile) -> list[dict]:
         v = float(value)
         unit = PARAM_UNITS.get(name, "")
         lo, hi = profile.intervals.get(name, (math.nan, math.nan))
-        interval = "-" if math.isnan(lo) else f"[{_fmt_value(name, lo, unit)}, {_fmt_value(name, hi, unit)}]"
+        interval = "-" if math.isnan(lo) else f"[{_fmt_value(lo, unit)}, {_fmt_value(hi, unit)}]"
         status = "fitted" if name in profile.fitted else "fixed"
         if profile.identified and name in profile.identified and not profile.identified[name]:
             status = "not identified"
-        rows.append({"parameter": name, "value": _fmt_value(name, v, unit), "95% interval": interval,
+        rows.append({"parameter": name, "value": _fmt_value(v, unit), "95% interval": interval,
                      "status": status})
     return rows
 
