@@ -1,5 +1,7 @@
 """The fused kernel under Triton's interpreter (fp16/fp32, small shapes) against the torch reference."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -52,6 +54,28 @@ def test_fused_matches_reference_and_schedules_are_bitwise_equal(T, E, K, H, I, 
         assert torch.equal(outs[s], outs[SCHEDULES[0]]), s
     assert int(buf.sync[1]) == len(SCHEDULES)  # one completed iteration per call
     assert int(buf.ready.abs().sum()) == 0 and int(buf.sync[0]) == 0 and int(buf.sync[2]) == 0
+    assert int(buf.sync[3]) == 0  # the dynamic task counter is back at zero for the next call
+
+
+def test_kernel_variants_are_bitwise_equal():
+    # TMA or pointer loads, dynamic or round-robin task assignment: the same tiles in the same K order.
+    T, E, K, H, I, R = 11, 8, 2, 64, 32, 2
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=11)
+    ref = _reference(x, idx, w, l1, l2, R)
+    outs = []
+    for tma, dynamic in ((True, True), (False, False), (True, False), (False, True)):
+        cfg = dataclasses.replace(CFG, tma=tma, dynamic=dynamic)
+        buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=cfg)
+        w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+        y = torch.empty_like(x)
+        # Round-robin CTAs run one after another here, so only one may hold tasks; dynamic ones take turns.
+        ctas = 3 if dynamic else 1
+        for _ in range(2):  # the second call checks that the counters reset themselves
+            launch(x, idx, w, w1t, w2, buf, plan(idx, buf, "lag:1", ctas=ctas), y)
+            buf.check()
+        torch.testing.assert_close(y.double(), ref, **TOL[torch.float16])
+        outs.append(y)
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
 
 
 def test_host_path_rows_for_peers_land_in_host_buffer():
@@ -81,12 +105,14 @@ def test_silent_peer_raises_timeout_not_hang():
 
 
 def test_unmet_dependency_times_out():
-    # The interpreter runs CTA 0 to the end before CTA 1 starts: a LINEAR2 task of CTA 0 whose
-    # LINEAR1 inputs belong to CTA 1 can never be satisfied, so its bounded wait must fire.
+    # The interpreter runs CTA 0 to the end before CTA 1 starts: with round-robin assignment a
+    # LINEAR2 task of CTA 0 whose LINEAR1 inputs belong to CTA 1 can never be satisfied, so its
+    # bounded wait must fire.
     T, E, K, H, I, R = 8, 2, 1, 64, 64, 1
     x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=3)
-    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=CFG)
-    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    cfg = dataclasses.replace(CFG, dynamic=False)
+    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=cfg)
+    w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
     p = plan(idx, buf, "expert_wave", ctas=2)
     launch(x, idx, w, w1t, w2, buf, p, torch.empty_like(x))
     with pytest.raises(CommTimeoutError, match="moe.linear(1_waits_dispatch|2_waits_linear1)"):

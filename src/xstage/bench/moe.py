@@ -59,18 +59,26 @@ def routing(T, E, K, device, seed=0):
 
 
 def parse_block(spec: str, H: int):
-    """`"BM:BN1:BN2:BK:WARPS:STAGES"` -> BlockConfig (BN2 halves until it divides H)."""
+    """`"BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]"` -> BlockConfig (BN2 halves until it divides H).
+
+    FLAGS (optional) picks the kernel variant: letters `t` (TMA loads) and `d` (dynamic task
+    fetch), or `-` for neither; without it the BlockConfig defaults apply."""
     from xstage.moe import BlockConfig
 
+    parts = spec.split(":")
+    flags = parts.pop() if len(parts) == 7 else None
     try:
-        bm, bn1, bn2, bk, warps, stages = (int(v) for v in spec.split(":"))
+        bm, bn1, bn2, bk, warps, stages = (int(v) for v in parts)
     except ValueError as exc:
-        raise InputError(f"block {spec!r}: expected BM:BN1:BN2:BK:WARPS:STAGES") from exc
+        raise InputError(f"block {spec!r}: expected BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]") from exc
+    if flags is not None and set(flags) - set("td-"):
+        raise InputError(f"block {spec!r}: FLAGS must be made of 't' (TMA), 'd' (dynamic) or be '-'")
     while H % bn2:
         bn2 //= 2
     bd = next(b for b in (128, 64, 32, 16, 8) if H % b == 0)
+    variant = {} if flags is None else dict(tma="t" in flags, dynamic="d" in flags)
     return BlockConfig(block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk, block_d=bd, num_warps=warps,
-                       num_stages=stages)
+                       num_stages=stages, **variant)
 
 
 BLOCK_LARGE = "128:128:256:64:8:3"
@@ -464,34 +472,71 @@ def gpu_check(cases=None, device="cuda", dtype=torch.bfloat16, log=print) -> boo
     return ok
 
 
-def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMALL), warmup=3, rep=10, log=print):
-    """EP=1: fused kernel (main + reduce) vs the grouped_mm chain, a few block configurations."""
+def _with_block(pb: Problem, cfg) -> None:
+    """Give `pb` a buffer (and, for another block_n1, weight layout) for block config `cfg`."""
+    from xstage.moe import LoopbackGroup, MoEBuffer, transform_weights
+
+    if cfg.block_n1 != pb.cfg.block_n1:
+        pb.w1t, pb.w2 = transform_weights(pb.l1, pb.l2, cfg.block_n1)
+    pb.cfg = cfg
+    pb.buf = MoEBuffer(pb.T, pb.E, pb.K, pb.H, pb.I, LoopbackGroup(pb.ep, path="hbm"), device=pb.x.device,
+                       dtype=pb.x.dtype, config=cfg)
+
+
+def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMALL), schedule="interleaved",
+              warmup=3, rep=10, log=print):
+    """EP=1: fused kernel (main + reduce) vs the grouped_mm chain for several block configurations and
+    kernel variants, side by side on one problem (weights and routing built once per shape and tokens)."""
+    from xstage.moe.fused import launch_main, launch_reduce, plan
+
     rows = []
     for shape in shapes or SHAPES:
         for T in tokens:
+            H = SHAPES[shape][0]
+            pb = Problem(shape, T, 1, "hbm", parse_block(blocks[0], H))
+            un = Unfused(pb, "hbm")
+            chain = time_fn(lambda un=un: un.chain(un.x_sorted), warmup, rep)
+            ref = un.combine(un.chain(un.x_sorted)).float()
+            scale = float(ref.abs().max()) or 1.0
             for spec in blocks:
-                cfg = parse_block(spec, SHAPES[shape][0])
-                pb = Problem(shape, T, 1, "hbm", cfg)
                 try:
-                    main, red, y, ctas = time_fused(pb, "interleaved", warmup, rep)
+                    _with_block(pb, parse_block(spec, H))
+                    k = launch_main(pb.x, pb.w1t, pb.w2, pb.buf, plan(pb.idx, pb.buf, schedule))  # compiles
+                    launch_reduce(pb.idx, pb.w, torch.empty_like(pb.x), pb.buf)  # re-arms the counters
+                    main, red, y, ctas = time_fused(pb, schedule, warmup, rep)
                 except Exception:  # a config that does not compile or fit: report and go on
                     import traceback
 
                     log(f"ep1 {shape} T={T} block={spec}: " + traceback.format_exc()[-2500:])
-                    del pb
                     torch.cuda.empty_cache()
                     continue
-                un = Unfused(pb, "hbm")
-                chain = time_fn(lambda un=un: un.chain(un.x_sorted), warmup, rep)
                 f = pb.flops()
                 rows.append(dict(shape=shape, tokens=T, block=spec, fused_us=main / 1e3, reduce_us=red / 1e3,
                                  chain_us=chain / 1e3, fused_tflops=f / main / 1e3, chain_tflops=f / chain / 1e3,
-                                 ratio=(main + red) / chain))
+                                 ratio=main / chain, ratio_with_reduce=(main + red) / chain,
+                                 max_err=float((y.float() - ref).abs().max()) / scale,
+                                 regs=getattr(k, "n_regs", -1), spills=getattr(k, "n_spills", -1),
+                                 shared=int(k.metadata.shared) if k is not None else -1))
                 log("ep1 " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in rows[-1].items()))
-                del pb, un
-                torch.cuda.empty_cache()
+            del pb, un
+            torch.cuda.empty_cache()
     return rows
+
+
+def ep1_table(rows: list[dict]) -> str:
+    """fused/chain per configuration (rows) and block variant (columns), geomean last."""
+    blocks = list(dict.fromkeys(r["block"] for r in rows))
+    confs = list(dict.fromkeys((r["shape"], r["tokens"]) for r in rows))
+    by = {(r["shape"], r["tokens"], r["block"]): r for r in rows}
+    lines = ["| shape | tokens | chain us | " + " | ".join(blocks) + " |", "|---" * (3 + len(blocks)) + "|"]
+    for shape, t in confs:
+        chain = next(r["chain_us"] for r in rows if (r["shape"], r["tokens"]) == (shape, t))
+        cells = [f"{by[(shape, t, b)]['ratio']:.3f}" if (shape, t, b) in by else "-" for b in blocks]
+        lines.append(f"| {shape} | {t} | {chain:.0f} | " + " | ".join(cells) + " |")
+    gm = [_geomean([r["ratio"] for r in rows if r["block"] == b]) for b in blocks]
+    lines.append("| geomean | | | " + " | ".join(f"{g:.3f}" for g in gm) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
@@ -506,7 +551,8 @@ if __name__ == "__main__":
     ap.add_argument("--shapes", default=None)
     ap.add_argument("--blocks", default=f"{BLOCK_LARGE},{BLOCK_SMALL}")
     ap.add_argument("--tokens", default="4096,16384")
-    ap.add_argument("--block", default=None, help="grid: large-tile block spec, or 'auto' (best_block.txt)")
+    ap.add_argument("--block", default=None, help="grid: large-tile block spec for every shape")
+    ap.add_argument("--schedule", default="lag:16", help="ep1: the schedule of the fused kernel")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rep", type=int, default=10)
     a = ap.parse_args()
@@ -514,17 +560,9 @@ if __name__ == "__main__":
         raise SystemExit(0 if gpu_check() else 1)
     if a.mode == "ep1":
         res = ep1_sweep(a.shapes.split(",") if a.shapes else None, tokens=[int(t) for t in a.tokens.split(",")],
-                        blocks=a.blocks.split(","))
+                        blocks=a.blocks.split(","), schedule=a.schedule, warmup=a.warmup, rep=a.rep)
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
-        big = [r for r in res if r["tokens"] == max(r2["tokens"] for r2 in res) and r["block"].startswith("128:")]
-        if big:
-            best = min(big, key=lambda r: r["ratio"])["block"]
-            (Path(a.out) / "best_block.txt").write_text(best + "\n")
-            print("best block", best)
+        print(ep1_table(res))
     else:
-        block = a.block
-        if block == "auto":
-            f = Path(a.out) / "best_block.txt"
-            block = f.read_text().strip() if f.exists() else None
-        run_grid(a.out, a.only, budget_s=a.budget_s, block=block, warmup=a.warmup, rep=a.rep)
+        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block, warmup=a.warmup, rep=a.rep)

@@ -87,6 +87,19 @@ def fence_sys(USE_PTX: tl.constexpr):
 
 
 @triton.jit
+def fence_proxy_async(USE_PTX: tl.constexpr):
+    """`fence.proxy.async`: orders this thread's generic-proxy memory accesses with async-proxy ones
+    (TMA). A writer calls it after plain stores that another CTA will read through TMA, and the reader
+    after its acquire and before its TMA loads. Returns 0 (int32)."""
+    if USE_PTX:
+        r = tl.inline_asm_elementwise("fence.proxy.async;\n\tmov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        r = tl.full([], 0, tl.int32)
+    return r
+
+
+@triton.jit
 def peer_ptr(p_table, peer, p_like, ALIGN: tl.constexpr = 16):
     """Pointer to rank `peer`'s buffer, read from a device pointer table (int64 addresses), typed like
     `p_like`. Addresses loaded at run time lose alignment facts; the `multiple_of` hint restores them

@@ -57,6 +57,8 @@ class BlockConfig:
     num_warps: int = 8
     num_stages: int = 3
     ctas_per_sm: int = 0
+    tma: bool = True  # GEMM operands through TMA descriptors (else pointer loads)
+    dynamic: bool = True  # CTAs take the next task of the global order when free (else round-robin)
 
 
 @dataclass
@@ -152,10 +154,11 @@ class MoEBuffer:
     def _allocate(self) -> None:
         dev, R = self.device, self.R
         i32 = dict(dtype=torch.int32, device=dev)
-        self.recv = torch.empty(self.rows_cap, self.H, dtype=self.dtype, device=dev)
-        self.act = torch.empty(self.rows_cap, self.I, dtype=self.dtype, device=dev)
+        # Zeroed once: TMA reads whole row blocks, and rows past a unit's valid rows must hold finite values.
+        self.recv = torch.zeros(self.rows_cap, self.H, dtype=self.dtype, device=dev)
+        self.act = torch.zeros(self.rows_cap, self.I, dtype=self.dtype, device=dev)
         self.ready = torch.zeros(self.units_cap, **i32)
-        self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, unused
+        self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, next task (dynamic)
         self.err = torch.zeros(2, **i32)
         self.sig_slot = torch.full((R,), self.rank, **i32)
         elem = torch.tensor([], dtype=self.dtype).element_size()

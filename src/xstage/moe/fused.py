@@ -100,12 +100,14 @@ def num_ctas(buf: MoEBuffer) -> int:
 
 
 class _Plan:
-    """The pieces of one call: routing layout, schedule and the schedule's device tensors."""
+    """The pieces of one call: routing layout, schedule and the schedule's device tensors (the
+    table in global order when CTAs take tasks dynamically, else CTA by CTA)."""
 
-    def __init__(self, layout, schedule: Schedule, device, tasks=None, cta_start=None):
+    def __init__(self, layout, schedule: Schedule, device, dynamic: bool, tasks=None, cta_start=None):
         self.layout = layout
         self.schedule = schedule
-        self.tasks = torch.from_numpy(schedule.tasks).to(device) if tasks is None else tasks
+        table = schedule.global_order() if dynamic else schedule.tasks
+        self.tasks = torch.from_numpy(table).to(device) if tasks is None else tasks
         self.cta_start = torch.from_numpy(schedule.cta_start).to(device) if cta_start is None else cta_start
 
 
@@ -139,7 +141,7 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _P
     n2 = -(-buf.H // buf.cfg.block_n2)
     sched = make_schedule(schedule, experts or [0], ctas or num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
                           unit_rows=rows or [0], unit_dest_rows=_unit_dest_rows(lay, n_units, bm, buf))
-    return _Plan(lay, sched, buf.device)
+    return _Plan(lay, sched, buf.device, buf.cfg.dynamic)
 
 
 def _unit_dest_rows(lay, n_units: int, bm: int, buf: MoEBuffer):
@@ -165,10 +167,10 @@ def static_plan(topk_idx, buf: MoEBuffer, schedule: str) -> _Plan:
         n2 = -(-buf.H // buf.cfg.block_n2)
         sched = make_schedule(schedule, experts, num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
                               block_m=buf.cfg.block_m)
-        cached = buf._plans[key] = _Plan(None, sched, buf.device)
+        cached = buf._plans[key] = _Plan(None, sched, buf.device, buf.cfg.dynamic)
     lay = routing_layout(_all_topk(topk_idx, buf), buf.rank, buf.E_local, buf.cfg.block_m, buf.rows_cap,
                          buf.units_cap, buf.T_max)
-    return _Plan(lay, cached.schedule, buf.device, cached.tasks, cached.cta_start)
+    return _Plan(lay, cached.schedule, buf.device, buf.cfg.dynamic, cached.tasks, cached.cta_start)
 
 
 def _bounds(buf: MoEBuffer, timeout_ns: int):
@@ -179,12 +181,32 @@ def _bounds(buf: MoEBuffer, timeout_ns: int):
     return use_ptx, (2000 * 64 if buf.loopback else 2**26), 2000
 
 
+def _operands(buf: MoEBuffer, w1t, w2) -> tuple:
+    """(recv, its descriptor, w1t, its descriptor, act, ..., w2, ...): the GEMM operands as pointers
+    for the stores and, with `BlockConfig.tma`, as 2-d TMA descriptors of `[block, block_k]` boxes for
+    the loads (built per call: they are small host objects, encoded at launch)."""
+    if not buf.cfg.tma:
+        return buf.recv, buf.recv, w1t, w1t, buf.act, buf.act, w2, w2
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    c = buf.cfg
+
+    def desc(t, box_rows):
+        flat = t.view(-1, t.shape[-1])
+        return TensorDescriptor(flat, shape=list(flat.shape), strides=[flat.shape[1], 1],
+                                block_shape=[box_rows, c.block_k])
+
+    return (buf.recv, desc(buf.recv, c.block_m), w1t, desc(w1t, c.block_n1), buf.act, desc(buf.act, c.block_m),
+            w2, desc(w2, c.block_n2))
+
+
 def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True,
                 trace: torch.Tensor | None = None):
     """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
 
     `trace` (int64 `[num_tasks, 2]`, optional) receives each task's `%globaltimer` after its
-    dependency wait and after its last store, in schedule-table row order (tile-cost calibration)."""
+    dependency wait and after its last store, row g for the task at position g of the global order
+    (`Schedule.global_order()`; tile-cost calibration)."""
     if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 2)
                               or trace.device.type != buf.device.type):
         raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 2] on {buf.device}, "
@@ -194,12 +216,12 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
     opts = {} if _INTERPRET else dict(num_warps=c.num_warps, num_stages=c.num_stages)
     compiled = kernels.moe_main_kernel[(p.schedule.num_ctas,)](
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
-        x if buf.loopback else buf.x_buf, buf.x_delta, buf.recv, w1t, w2, buf.act, buf.combine, buf.comb_delta,
+        x if buf.loopback else buf.x_buf, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
         buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins,
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        WAIT=wait, USE_PTX=use_ptx, TRACE=trace is not None, **opts,
+        TMA=c.tma, DYNAMIC=c.dynamic, WAIT=wait, USE_PTX=use_ptx, TRACE=trace is not None, **opts,
     )
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
         _check_residency(compiled, buf)

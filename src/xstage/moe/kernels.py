@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xstage.comm.device import globaltimer, wait_acquire
+from xstage.comm.device import fence_proxy_async, globaltimer, wait_acquire
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.const
 
 @triton.jit
 def _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H,
-              BM: tl.constexpr, BD: tl.constexpr):
+              BM: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     b_src = tl.load(p_row_src + row0 + o_m, mask=m_m, other=0)  # [BM]
@@ -65,53 +65,71 @@ def _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STR
         o_d = h + tl.arange(0, BD)
         b_x = tl.load(p_x + o_src[:, None] + o_d[None, :], mask=m_m[:, None])  # [BM, BD]
         tl.store(p_recv + o_dst[:, None] + o_d[None, :], b_x, mask=m_m[:, None])
+    if TMA:
+        fence_proxy_async(USE_PTX)  # LINEAR1 reads these rows through TMA (the async proxy)
     tl.debug_barrier()
     tl.atomic_add(p_ready + u, 1, sem="release", scope="gpu")
 
 
 @triton.jit
-def _linear1(u, e, row0, n_rows, nb, p_recv, p_w1, p_act, p_ready, H, I,
-             BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr):
+def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I,
+             BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = tl.arange(0, BN1)
-    o_k = tl.arange(0, BK)
-    p_a = p_recv + (row0 + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
-    o_w = e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
-    p_g = p_w1 + o_w  # [BK, BN1] gate slab
-    p_u = p_g + BN1 * H  # [BK, BN1] up slab (interleaved layout)
     b_g = tl.zeros([BM, BN1], dtype=tl.float32)
     b_u = tl.zeros([BM, BN1], dtype=tl.float32)
-    for _k in range(0, H, BK):
-        b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
-        b_g = tl.dot(b_a, tl.load(p_g), b_g)
-        b_u = tl.dot(b_a, tl.load(p_u), b_u)
-        p_a += BK
-        p_g += BK
-        p_u += BK
+    if TMA:
+        # Whole [BM, BK] row blocks: rows past n_rows hold stale data that only reaches output rows
+        # the epilogue masks (a GEMM row depends on its own input row only).
+        w_row = e * 2 * I + nb * 2 * BN1  # gate slab, then the up slab (interleaved layout)
+        for k in range(0, H, BK):
+            b_a = d_recv.load([row0, k])
+            b_g = tl.dot(b_a, d_w1.load([w_row, k]).T, b_g)
+            b_u = tl.dot(b_a, d_w1.load([w_row + BN1, k]).T, b_u)
+    else:
+        o_k = tl.arange(0, BK)
+        p_a = p_recv + (row0 + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
+        o_w = e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
+        p_g = p_w1 + o_w  # [BK, BN1] gate slab
+        p_u = p_g + BN1 * H  # [BK, BN1] up slab (interleaved layout)
+        for _k in range(0, H, BK):
+            b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+            b_g = tl.dot(b_a, tl.load(p_g), b_g)
+            b_u = tl.dot(b_a, tl.load(p_u), b_u)
+            p_a += BK
+            p_g += BK
+            p_u += BK
     b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU
     p_o = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + (nb * BN1 + o_n)[None, :]
     tl.store(p_o, b_h.to(p_act.dtype.element_ty), mask=m_m[:, None])
+    if TMA:
+        fence_proxy_async(USE_PTX)  # LINEAR2 reads the activation through TMA
     tl.debug_barrier()
     tl.atomic_add(p_ready + u, 1, sem="release", scope="gpu")
 
 
 @triton.jit
-def _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_comb_delta, T_STRIDE, H, I,
-             BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr):
+def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
+             T_STRIDE, H, I, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
     m_n = o_n < H
-    o_k = tl.arange(0, BK)
-    p_a = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + o_k[None, :]  # [BM, BK]
-    p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
     b_acc = tl.zeros([BM, BN2], dtype=tl.float32)
-    for _k in range(0, I, BK):
-        b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
-        b_acc = tl.dot(b_a, tl.load(p_b, mask=m_n[None, :], other=0.0), b_acc)
-        p_a += BK
-        p_b += BK
+    if TMA:
+        w_row = e * H + nb * BN2  # columns past H read the next expert's rows; the store masks them
+        for k in range(0, I, BK):
+            b_acc = tl.dot(d_act.load([row0, k]), d_w2.load([w_row, k]).T, b_acc)
+    else:
+        o_k = tl.arange(0, BK)
+        p_a = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + o_k[None, :]  # [BM, BK]
+        p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
+        for _k in range(0, I, BK):
+            b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+            b_acc = tl.dot(b_a, tl.load(p_b, mask=m_n[None, :], other=0.0), b_acc)
+            p_a += BK
+            p_b += BK
     b_src = tl.load(p_row_src + row0 + o_m, mask=m_m, other=0)  # [BM]
     b_slot = tl.load(p_row_slot + row0 + o_m, mask=m_m, other=0)
     b_delta = tl.load(p_comb_delta + b_src // T_STRIDE, mask=m_m, other=0)  # [BM] int64
@@ -121,15 +139,61 @@ def _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_
     tl.store(p_c, b_acc.to(p_comb.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
+@triton.jit
+def _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
+              p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
+              rank, T_STRIDE, H, I, n1, timeout_ns, max_spins,
+              STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, TASK_COLS: tl.constexpr, BM: tl.constexpr,
+              BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr,
+              WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
+    """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
+    p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
+    kind = tl.load(p_t)
+    u = tl.load(p_t + 1)
+    nb = tl.load(p_t + 2)
+    e = tl.load(p_units + u * 4)
+    row0 = tl.load(p_units + u * 4 + 1)
+    n_rows = tl.load(p_units + u * 4 + 2)
+    if n_rows > 0:
+        if WAIT:
+            if kind == 1:
+                wait_geq(p_ready + u, 1, p_err, STAGE_L1 * 65536 + rank, timeout_ns, max_spins, "gpu", USE_PTX)
+            elif kind == 2:
+                wait_geq(p_ready + u, 1 + n1, p_err, STAGE_L2 * 65536 + rank, timeout_ns, max_spins,
+                         "gpu", USE_PTX)
+            if TMA:
+                fence_proxy_async(USE_PTX)  # the acquire above orders generic loads only
+        if TRACE:
+            t_go = globaltimer(USE_PTX)
+        if kind == 0:
+            _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD,
+                      TMA, USE_PTX)
+        elif kind == 1:
+            _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
+                     TMA, USE_PTX)
+        else:
+            _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
+                     p_comb_delta, T_STRIDE, H, I, BM, BN2, BK, TMA)
+        if TRACE:
+            # Tile cost without its dependency wait: the timer after the CTA's last store issued,
+            # recorded at the task's position in the global order.
+            tl.debug_barrier()
+            t_done = globaltimer(USE_PTX)
+            g = tl.load(p_t + 6).to(tl.int64)
+            tl.store(p_trace + g * 2, t_go)
+            tl.store(p_trace + g * 2 + 1, t_done)
+
+
 @triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE"])
 def moe_main_kernel(
     p_tasks, p_cta_start, p_units, p_row_src, p_row_slot,
-    p_x, p_x_delta, p_recv, p_w1, p_w2, p_act, p_comb, p_comb_delta,
+    p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1, p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta,
     p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace,
     rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins,
     STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
-    BK: tl.constexpr, BD: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
+    BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr,
+    WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -139,43 +203,28 @@ def moe_main_kernel(
         for q in range(num_ranks):
             wait_acquire(p_sig + num_ranks + q, it, timeout_ns, p_err, STAGE_FREE * 65536 + q, True, USE_PTX)
     n1 = I // BN1
-    t_begin = tl.load(p_cta_start + i_c)
-    t_end = tl.load(p_cta_start + i_c + 1)
-    for ti in range(t_begin, t_end):
-        p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
-        kind = tl.load(p_t)
-        u = tl.load(p_t + 1)
-        nb = tl.load(p_t + 2)
-        e = tl.load(p_units + u * 4)
-        row0 = tl.load(p_units + u * 4 + 1)
-        n_rows = tl.load(p_units + u * 4 + 2)
-        if n_rows > 0:
-            if WAIT:
-                if kind == 1:
-                    wait_geq(p_ready + u, 1, p_err, STAGE_L1 * 65536 + rank, timeout_ns, max_spins,
-                             "gpu", USE_PTX)
-                elif kind == 2:
-                    wait_geq(p_ready + u, 1 + n1, p_err, STAGE_L2 * 65536 + rank, timeout_ns, max_spins,
-                             "gpu", USE_PTX)
-            if TRACE:
-                t_go = globaltimer(USE_PTX)
-            if kind == 0:
-                _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD)
-            elif kind == 1:
-                _linear1(u, e, row0, n_rows, nb, p_recv, p_w1, p_act, p_ready, H, I, BM, BN1, BK)
-            else:
-                _linear2(e, row0, n_rows, nb, p_act, p_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
-                         T_STRIDE, H, I, BM, BN2, BK)
-            if TRACE:
-                # Tile cost without its dependency wait: the timer after the CTA's last store issued.
-                tl.debug_barrier()
-                t_done = globaltimer(USE_PTX)
-                tl.store(p_trace + ti.to(tl.int64) * 2, t_go)
-                tl.store(p_trace + ti.to(tl.int64) * 2 + 1, t_done)
+    if DYNAMIC:
+        # The table is in global order; each CTA takes the next task when it is free. A task waits
+        # only on tasks before it, all already taken by running CTAs, so this cannot deadlock.
+        n_tasks = tl.load(p_cta_start + n_c)
+        ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
+        while ti < n_tasks:
+            _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
+                      p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
+                      rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2, TASK_COLS,
+                      BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
+            ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
+    else:
+        for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
+            _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
+                      p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
+                      rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2, TASK_COLS,
+                      BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:
         tl.atomic_xchg(p_sync, 0)
+        tl.atomic_xchg(p_sync + 3, 0)  # every CTA has made its last fetch before counting itself done
         for q in range(num_ranks):
             d = tl.load(p_sig_delta + q)
             slot = tl.load(p_sig_slot + q)

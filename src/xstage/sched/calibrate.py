@@ -41,11 +41,12 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
         pb.buf.check()
         runs.append((trace[:, 1] - trace[:, 0]).cpu().numpy())
     dur = np.median(np.stack(runs[1:]), axis=0).astype(float)
-    kinds = p.schedule.tasks[:, 0]
+    table = p.schedule.global_order()  # trace row g is the task at position g of the global order
+    kinds = table[:, 0]
     H, I, E, K = SHAPES[shape]
     mcfg = MoeConfig(hidden=H, intermediate=I, num_experts=E, topk=K, tokens_per_rank=tokens, ep=1,
                      block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k)
-    valid = p.schedule.tasks[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
+    valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
     return mcfg, cfg, kinds[valid], dur[valid]
 
 
