@@ -18,7 +18,7 @@ for step in $steps; do
       i=0
       for spec in ${EP1_BLOCKS//,/ }; do
         timeout "${PRECOMPILE_S:-240}" python3 -m xstage.bench.moe ep1 -o "/tmp/precompile-$i" --shapes H1152-I4608-E8-K2 \
-          --tokens 256 --blocks "$spec" --warmup 0 --rep 1 > "/tmp/precompile-$i.log" 2>&1 &
+          --tokens 256 --blocks "$spec" --warmup 0 --rep 1 ${EP1_ARGS:-} > "/tmp/precompile-$i.log" 2>&1 &
         i=$((i + 1))
       done
       wait

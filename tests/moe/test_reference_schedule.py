@@ -115,8 +115,23 @@ def test_schedule_covers_tasks_and_respects_dependencies(name, ctas):
 
 
 def _order(name, ctas=1):
-    s = make_schedule(name, UNITS, ctas, 2, 1)
+    s = make_schedule(name, UNITS, ctas, 2, 1, dispatch_lead=0)
     return [(int(k), int(u)) for k, u in s.global_order()[:, :2]]
+
+
+@pytest.mark.parametrize("name", ["expert_wave", "interleaved", "lag:2"])
+@pytest.mark.parametrize("lead", [1, 4, 100])
+def test_dispatch_hoisted_ahead_of_its_linear1(name, lead):
+    def tasks(d):
+        table = make_schedule(name, UNITS, 2, 3, 2, dispatch_lead=d).global_order()
+        return [tuple(int(v) for v in t[:3]) for t in table]
+
+    plain, order = tasks(0), tasks(lead)
+    assert [t for t in order if t[0] != DISPATCH] == [t for t in plain if t[0] != DISPATCH]
+    for u in range(len(UNITS)):
+        rest_before = [t for t in order[: order.index((DISPATCH, u, 0))] if t[0] != DISPATCH]
+        first_l1 = [t for t in plain if t[0] != DISPATCH].index((LINEAR1, u, 0))
+        assert len(rest_before) == max(0, first_l1 - lead)
 
 
 def test_expert_wave_groups_whole_experts():

@@ -483,10 +483,31 @@ def _with_block(pb: Problem, cfg) -> None:
                        dtype=pb.x.dtype, config=cfg)
 
 
+def _trace_summary(pb: Problem, schedule: str) -> tuple[float, dict]:
+    """One traced run: the fraction of CTA time inside tasks (the rest is fetching, waiting and the
+    tail) and the median tile time per kind in us."""
+    from xstage.moe.fused import launch_main, launch_reduce, plan
+    from xstage.moe.schedule import KIND_NAMES
+
+    p = plan(pb.idx, pb.buf, schedule)
+    trace = torch.zeros(p.schedule.num_tasks, 2, dtype=torch.int64, device=pb.x.device)
+    launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p, trace=trace)
+    launch_reduce(pb.idx, pb.w, torch.empty_like(pb.x), pb.buf)
+    _sync()
+    kinds = torch.from_numpy(p.schedule.global_order()[:, 0]).to(trace.device)
+    ran = trace[:, 0] > 0  # unit slots without rows are skipped and leave zeros
+    go, done = trace[ran, 0].double(), trace[ran, 1].double()
+    busy = float((done - go).sum() / (p.schedule.num_ctas * (done.max() - go.min())))
+    tiles = {f"{name}_us": float((done - go)[kinds[ran] == i].median()) / 1e3
+             for i, name in enumerate(KIND_NAMES) if bool((kinds[ran] == i).any())}
+    return busy, tiles
+
+
 def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMALL), schedule="interleaved",
-              warmup=3, rep=10, log=print):
+              warmup=3, rep=10, trace=False, log=print):
     """EP=1: fused kernel (main + reduce) vs the grouped_mm chain for several block configurations and
-    kernel variants, side by side on one problem (weights and routing built once per shape and tokens)."""
+    kernel variants, side by side on one problem (weights and routing built once per shape and tokens).
+    `trace=True` adds one traced run per variant: busy fraction and median tile times."""
     from xstage.moe.fused import launch_main, launch_reduce, plan
 
     rows = []
@@ -511,12 +532,13 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMAL
                     torch.cuda.empty_cache()
                     continue
                 f = pb.flops()
+                busy, tiles = _trace_summary(pb, schedule) if trace else (float("nan"), {})
                 rows.append(dict(shape=shape, tokens=T, block=spec, fused_us=main / 1e3, reduce_us=red / 1e3,
                                  chain_us=chain / 1e3, fused_tflops=f / main / 1e3, chain_tflops=f / chain / 1e3,
                                  ratio=main / chain, ratio_with_reduce=(main + red) / chain,
                                  max_err=float((y.float() - ref).abs().max()) / scale,
                                  regs=getattr(k, "n_regs", -1), spills=getattr(k, "n_spills", -1),
-                                 shared=int(k.metadata.shared) if k is not None else -1))
+                                 shared=int(k.metadata.shared) if k is not None else -1, busy=busy, **tiles))
                 log("ep1 " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                       for k, v in rows[-1].items()))
             del pb, un
@@ -536,6 +558,13 @@ def ep1_table(rows: list[dict]) -> str:
         lines.append(f"| {shape} | {t} | {chain:.0f} | " + " | ".join(cells) + " |")
     gm = [_geomean([r["ratio"] for r in rows if r["block"] == b]) for b in blocks]
     lines.append("| geomean | | | " + " | ".join(f"{g:.3f}" for g in gm) + " |")
+    if any("busy" in r and r["busy"] == r["busy"] for r in rows):
+        lines += ["", "busy fraction / median dispatch, linear1, linear2 tile us:"]
+        for (shape, t), b in ((c, b) for c in confs for b in blocks):
+            r = by.get((shape, t, b))
+            if r is not None:
+                lines.append(f"{shape} {t} {b}: {r['busy']:.2f} / " + ", ".join(
+                    f"{r.get(k + '_us', float('nan')):.1f}" for k in ("dispatch", "linear1", "linear2")))
     return "\n".join(lines)
 
 
@@ -553,6 +582,7 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--block", default=None, help="grid: large-tile block spec for every shape")
     ap.add_argument("--schedule", default="lag:16", help="ep1: the schedule of the fused kernel")
+    ap.add_argument("--trace", action="store_true", help="ep1: also one traced run per variant")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rep", type=int, default=10)
     a = ap.parse_args()
@@ -560,7 +590,8 @@ if __name__ == "__main__":
         raise SystemExit(0 if gpu_check() else 1)
     if a.mode == "ep1":
         res = ep1_sweep(a.shapes.split(",") if a.shapes else None, tokens=[int(t) for t in a.tokens.split(",")],
-                        blocks=a.blocks.split(","), schedule=a.schedule, warmup=a.warmup, rep=a.rep)
+                        blocks=a.blocks.split(","), schedule=a.schedule, warmup=a.warmup, rep=a.rep,
+                        trace=a.trace)
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
         print(ep1_table(res))

@@ -172,13 +172,34 @@ def _parse(name: str):
     return base, arg
 
 
+def hoist_dispatch(order: list[Task], lead: int) -> list[Task]:
+    """Move each DISPATCH `lead` positions ahead of its unit's first LINEAR1 (or to the front).
+
+    In the orders above a dispatch sits right before its unit's LINEAR1 tasks, so with many CTAs
+    those tasks start together with the dispatch and wait for it. Tasks start in global order about
+    `num_ctas` at a time, so a lead of two rounds lets the rows arrive before they are needed. Only
+    dispatches move (they depend on nothing), so every dependency still comes earlier."""
+    if lead <= 0:
+        return list(order)
+    rest = [t for t in order if t[0] != DISPATCH]
+    first_l1: dict[int, int] = {}
+    for i, (kind, u, _nb) in enumerate(rest):
+        if kind == LINEAR1:
+            first_l1.setdefault(u, i)
+    keyed = [((i, 1), t) for i, t in enumerate(rest)]
+    keyed += [((max(0, first_l1.get(t[1], len(rest)) - lead), 0), t) for t in order if t[0] == DISPATCH]
+    return [t for _key, t in sorted(keyed, key=lambda kt: kt[0])]
+
+
 def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=None,
-                  unit_dest_rows=None) -> Schedule:
+                  unit_dest_rows=None, dispatch_lead: int | None = None) -> Schedule:
     """The schedule `name` for units whose local experts are `unit_expert` (in unit order).
 
     `unit_rows` (optional, valid rows per unit) fills the `store_rows` column; `block_m` is used
     otherwise. `unit_dest_rows` (optional `[units, R]`, rows of each unit per destination rank) fills
-    `dest_rows`. Raises `InputError` for unknown names or non-positive sizes.
+    `dest_rows`. Dispatches are hoisted `dispatch_lead` positions ahead of their unit's first LINEAR1
+    (default two rounds of CTAs, `2 * num_ctas`; 0 keeps the named order as is). Raises `InputError`
+    for unknown names or non-positive sizes.
     """
     base, arg = _parse(name)
     for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)):
@@ -188,6 +209,7 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     order = _REGISTRY[base](unit_expert, n1, n2, num_ctas, arg)
     if len(order) != len(unit_expert) * (1 + n1 + n2) or len(set(order)) != len(order):
         raise InputError(f"schedule {name!r}: must list every task of every unit exactly once")
+    order = hoist_dispatch(order, 2 * int(num_ctas) if dispatch_lead is None else int(dispatch_lead))
     n_units = len(unit_expert)
     first_of_expert = {}
     for u, e in enumerate(unit_expert):
