@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
-# Usage: benchmarks/moe_gpu.sh [check] [precompile] [ep1] [op] [multirank] [grid]   (results under $OUT or benchmarks/results)
+# Usage: benchmarks/moe_gpu.sh [check] [precompile] [ep1] [calibrate] [op] [multirank] [grid]   (results under $OUT or benchmarks/results)
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -17,7 +17,7 @@ for step in $steps; do
     precompile)  # compile each block variant of EP1_BLOCKS in its own process, side by side (Triton's cache keeps them)
       i=0
       for spec in ${EP1_BLOCKS//,/ }; do
-        timeout "${PRECOMPILE_S:-240}" python3 -m xstage.bench.moe ep1 -o "/tmp/precompile-$i" --shapes H1152-I4608-E8-K2 \
+        timeout "${PRECOMPILE_S:-240}" python3 -m xstage.bench.moe ep1 -o "/tmp/precompile-$i" --shapes "${PRECOMPILE_SHAPE:-H4096-I1536-E128-K8}" \
           --tokens 256 --blocks "$spec" --warmup 0 --rep 1 ${EP1_ARGS:-} > "/tmp/precompile-$i.log" 2>&1 &
         i=$((i + 1))
       done
@@ -25,9 +25,11 @@ for step in $steps; do
       grep -h "regs=\|Error" /tmp/precompile-*.log | cut -c1-400 ;;
     ep1) timeout "${EP1_S:-130}" python3 -u -m xstage.bench.moe ep1 -o "$OUT_DIR" ${EP1_BLOCKS:+--blocks "$EP1_BLOCKS"} ${EP1_ARGS:-} 2>&1 \
            | tee "$OUT_DIR/ep1.log" | grep -v "^ep1 " | tail -40 ;;
+    calibrate) timeout "${CAL_S:-150}" python3 -u -m xstage plan calibrate -o "${OUT:-benchmarks/results}/h200-moe-tiles" \
+                 ${CAL_ARGS:-} 2>&1 | tail -30 ;;
     op) timeout "${OP_S:-60}" python3 -u -m pytest -q -x -m gpu tests/moe/test_op.py 2>&1 | tail -15 ;;
     multirank) timeout "${MULTI_S:-70}" python3 -u -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
-    grid) timeout "${GRID_S:-250}" python3 -u -m xstage.bench.moe grid -o "$OUT_DIR" --budget-s "${GRID_BUDGET_S:-200}" \
+    grid) timeout "${GRID_S:-250}" python3 -u -m xstage.bench.moe grid -o "${GRID_DIR:-$OUT_DIR}" --budget-s "${GRID_BUDGET_S:-200}" \
             ${GRID_ARGS:-} 2>&1 | tail -60 ;;
   esac
   echo "== $step: $(( $(date +%s) - start )) s"

@@ -75,23 +75,26 @@ def parse_block(spec: str, H: int):
         raise InputError(f"block {spec!r}: FLAGS must be made of 't' (TMA), 'd' (dynamic) or be '-'")
     while H % bn2:
         bn2 //= 2
-    bd = next(b for b in (128, 64, 32, 16, 8) if H % b == 0)
+    # Dispatch copies [BM, BD] chunks one after another, each waiting for its loads: wide chunks
+    # keep more bytes in flight (the copy was latency-bound at BD=128).
+    bd = next(b for b in (512, 256, 128, 64, 32, 16, 8) if H % b == 0)
     variant = {} if flags is None else dict(tma="t" in flags, dynamic="d" in flags)
     return BlockConfig(block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk, block_d=bd, num_warps=warps,
                        num_stages=stages, **variant)
 
 
-BLOCK_LARGE = "128:128:256:64:8:3"
+BLOCK_LARGE = "128:128:256:64:8:4"
 BLOCK_SMALL = "64:128:256:64:4:3"
 
 
-def block_for(shape_name: str, tokens: int, ep: int, spec: str | None = None):
+def block_for(shape_name: str, tokens: int, ep: int, spec: str | None = None, small: str | None = None):
     """Block config by expected rows per local expert (DeepGEMM's rule, reduced to two Triton tiles).
 
-    `spec` replaces the large-tile config (e.g. the best one of an EP=1 sweep)."""
+    `spec` replaces the large-tile config (e.g. the best one of an EP=1 sweep), `small` the one for
+    <= 64 rows per expert."""
     H, I, E, K = SHAPES[shape_name] if isinstance(shape_name, str) else shape_name
     per_expert = tokens * K / E  # rows per local expert: every rank's T*K rows spread over E experts
-    return parse_block(BLOCK_SMALL if per_expert <= 64 else (spec or BLOCK_LARGE), H)
+    return parse_block((small or BLOCK_SMALL) if per_expert <= 64 else (spec or BLOCK_LARGE), H)
 
 
 class Problem:
@@ -251,11 +254,11 @@ def time_fn(fn, warmup=3, rep=10) -> float:
 
 
 def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None, warmup=3, rep=10,
-               block=None, log=print) -> list[dict]:
+               block=None, small_block=None, log=print) -> list[dict]:
     """Measure one configuration: every schedule, the unfused pipeline (and the chain at EP=1)."""
     shape, T, ep = cfg_row["shape"], int(cfg_row["tokens"]), int(cfg_row["ep"])
     H, I, E, K = SHAPES[shape] if isinstance(shape, str) else shape
-    cfg = cfg_row.get("config") or block_for(shape, T, ep, block)
+    cfg = cfg_row.get("config") or block_for(shape, T, ep, block, small_block)
     pth = path if ep > 1 else "hbm"
     pb = Problem(shape, T, ep, pth, cfg, device=cfg_row.get("device", "cuda"),
                  dtype=cfg_row.get("dtype", torch.bfloat16))
@@ -289,7 +292,7 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
 
 
 def run_grid(out_dir, only=None, path="host", schedules=SCHEDULES, warmup=3, rep=10, budget_s=None, block=None,
-             log=print):
+             small_block=None, log=print):
     """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops after `budget_s`."""
     if not torch.cuda.is_available():
         raise InputError("bench moe: needs a CUDA GPU")
@@ -304,7 +307,7 @@ def run_grid(out_dir, only=None, path="host", schedules=SCHEDULES, warmup=3, rep
         if writer.done(dict(c, path=pth, variant="unfused")):
             continue
         try:
-            run_config(c, path, schedules, writer, warmup, rep, block=block, log=log)
+            run_config(c, path, schedules, writer, warmup, rep, block=block, small_block=small_block, log=log)
         except Exception:  # one configuration failing must not lose the rest of the grid
             import traceback
 
@@ -414,7 +417,8 @@ def register_bench(grids) -> None:
     p.add_argument("--path", choices=("host", "hbm"), default="host", help="loopback path for EP>1")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated schedule names")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this")
-    p.add_argument("--block", default=None, help="large-tile block BM:BN1:BN2:BK:WARPS:STAGES for every shape")
+    p.add_argument("--block", default=None, help="large-tile block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape")
+    p.add_argument("--small-block", default=None, help="block for <= 64 rows per expert (same format)")
     p.set_defaults(handler=_handler)
 
 
@@ -422,7 +426,7 @@ def _handler(args) -> int:
     from xstage.cli import emit
 
     run_grid(args.out, args.only, args.path, tuple(args.schedules.split(",")), args.warmup, args.rep,
-             args.budget_s, args.block)
+             args.budget_s, args.block, args.small_block)
     summary = summarize(args.out)
     emit(summary, args.json, (Path(args.out) / "summary.md").read_text())
     return 0
@@ -581,6 +585,7 @@ if __name__ == "__main__":
     ap.add_argument("--blocks", default=f"{BLOCK_LARGE},{BLOCK_SMALL}")
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--block", default=None, help="grid: large-tile block spec for every shape")
+    ap.add_argument("--small-block", default=None, help="grid: block spec for <= 64 rows per expert")
     ap.add_argument("--schedule", default="lag:16", help="ep1: the schedule of the fused kernel")
     ap.add_argument("--trace", action="store_true", help="ep1: also one traced run per variant")
     ap.add_argument("--warmup", type=int, default=3)
@@ -596,4 +601,5 @@ if __name__ == "__main__":
         (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
         print(ep1_table(res))
     else:
-        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block, warmup=a.warmup, rep=a.rep)
+        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block, small_block=a.small_block, warmup=a.warmup,
+                 rep=a.rep)

@@ -42,6 +42,7 @@ for _code, _name in STAGE_NAMES.items():
     register_stage(_code, _name)
 
 MAX_BUFFER_BYTES = 96 << 30
+SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -55,7 +56,7 @@ class BlockConfig:
     block_k: int = 64
     block_d: int = 128
     num_warps: int = 8
-    num_stages: int = 3
+    num_stages: int = 4
     ctas_per_sm: int = 0
     tma: bool = True  # GEMM operands through TMA descriptors (else pointer loads)
     dynamic: bool = True  # CTAs take the next task of the global order when free (else round-robin)
@@ -113,6 +114,11 @@ class MoEBuffer:
                 raise InputError(f"{name}={v}: must be a multiple of {b} (block config)")
         if self.H % 8:
             raise InputError(f"hidden={self.H}: must be a multiple of 8 (16-byte rows)")
+        elem = torch.tensor([], dtype=self.dtype).element_size()
+        stage = (c.block_m + max(2 * c.block_n1, c.block_n2)) * c.block_k * elem  # operand tiles per K step
+        if c.num_stages * stage > SHARED_BYTES:
+            raise InputError(f"num_stages={c.num_stages}: {c.num_stages} x {stage} bytes of operand tiles exceed "
+                             f"the {SHARED_BYTES} bytes of shared memory per CTA (fewer stages or smaller blocks)")
         self.E_local = self.E // self.R
         rows = min(self.R * self.T_max * self.K, int(capacity_factor * self.T_max * self.K))
         rows += self.E_local * (c.block_m - 1)
