@@ -83,18 +83,17 @@ def parse_block(spec: str, H: int):
                        num_stages=stages, **variant)
 
 
-BLOCK_LARGE = "128:128:256:64:8:4"
-BLOCK_SMALL = "64:128:256:64:4:3"
+# One tile config for every shape and token count: on the H200, 64-row units were 3% slower over the
+# 120 low-token grid runs (0.88-1.36x; benchmarks/results/h200-moe/README.md) and 1.3x slower at EP=1:
+# with few rows per expert the tiles stream weights, and 8 warps with 4 stages stream them best.
+BLOCK = "128:128:256:64:8:4"
+BLOCK_SMALL_CHECK = "64:128:256:64:4:3"  # still checked for correctness: the kernel takes any block_m
 
 
-def block_for(shape_name: str, tokens: int, ep: int, spec: str | None = None, small: str | None = None):
-    """Block config by expected rows per local expert (DeepGEMM's rule, reduced to two Triton tiles).
-
-    `spec` replaces the large-tile config (e.g. the best one of an EP=1 sweep), `small` the one for
-    <= 64 rows per expert."""
-    H, I, E, K = SHAPES[shape_name] if isinstance(shape_name, str) else shape_name
-    per_expert = tokens * K / E  # rows per local expert: every rank's T*K rows spread over E experts
-    return parse_block((small or BLOCK_SMALL) if per_expert <= 64 else (spec or BLOCK_LARGE), H)
+def block_for(shape_name: str, tokens: int, ep: int, spec: str | None = None):
+    """The block config of a shape (`spec` replaces the default `BLOCK`; BN2 is fitted to H)."""
+    H = (SHAPES[shape_name] if isinstance(shape_name, str) else shape_name)[0]
+    return parse_block(spec or BLOCK, H)
 
 
 class Problem:
@@ -254,11 +253,11 @@ def time_fn(fn, warmup=3, rep=10) -> float:
 
 
 def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None, warmup=3, rep=10,
-               block=None, small_block=None, log=print) -> list[dict]:
+               block=None, log=print) -> list[dict]:
     """Measure one configuration: every schedule, the unfused pipeline (and the chain at EP=1)."""
     shape, T, ep = cfg_row["shape"], int(cfg_row["tokens"]), int(cfg_row["ep"])
     H, I, E, K = SHAPES[shape] if isinstance(shape, str) else shape
-    cfg = cfg_row.get("config") or block_for(shape, T, ep, block, small_block)
+    cfg = cfg_row.get("config") or block_for(shape, T, ep, block)
     pth = path if ep > 1 else "hbm"
     pb = Problem(shape, T, ep, pth, cfg, device=cfg_row.get("device", "cuda"),
                  dtype=cfg_row.get("dtype", torch.bfloat16))
@@ -292,7 +291,7 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
 
 
 def run_grid(out_dir, only=None, path="host", schedules=SCHEDULES, warmup=3, rep=10, budget_s=None, block=None,
-             small_block=None, log=print):
+             log=print):
     """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops after `budget_s`."""
     if not torch.cuda.is_available():
         raise InputError("bench moe: needs a CUDA GPU")
@@ -307,7 +306,7 @@ def run_grid(out_dir, only=None, path="host", schedules=SCHEDULES, warmup=3, rep
         if writer.done(dict(c, path=pth, variant="unfused")):
             continue
         try:
-            run_config(c, path, schedules, writer, warmup, rep, block=block, small_block=small_block, log=log)
+            run_config(c, path, schedules, writer, warmup, rep, block=block, log=log)
         except Exception:  # one configuration failing must not lose the rest of the grid
             import traceback
 
@@ -417,8 +416,7 @@ def register_bench(grids) -> None:
     p.add_argument("--path", choices=("host", "hbm"), default="host", help="loopback path for EP>1")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated schedule names")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this")
-    p.add_argument("--block", default=None, help="large-tile block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape")
-    p.add_argument("--small-block", default=None, help="block for <= 64 rows per expert (same format)")
+    p.add_argument("--block", default=None, help="block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape")
     p.set_defaults(handler=_handler)
 
 
@@ -426,7 +424,7 @@ def _handler(args) -> int:
     from xstage.cli import emit
 
     run_grid(args.out, args.only, args.path, tuple(args.schedules.split(",")), args.warmup, args.rep,
-             args.budget_s, args.block, args.small_block)
+             args.budget_s, args.block)
     summary = summarize(args.out)
     emit(summary, args.json, (Path(args.out) / "summary.md").read_text())
     return 0
@@ -437,10 +435,10 @@ def gpu_check(cases=None, device="cuda", dtype=torch.bfloat16, log=print) -> boo
     from xstage.moe import fused_moe, loopback_inputs, reference_moe_virtual
 
     ok = True
-    cases = cases or [((1024, 512, 16, 4), 300, 1, "hbm", BLOCK_LARGE),
-                      ((1024, 512, 16, 4), 300, 4, "host", BLOCK_SMALL),
-                      ((1152, 768, 8, 2), 129, 8, "hbm", BLOCK_LARGE),
-                      ((2048, 1024, 64, 6), 1000, 2, "host", BLOCK_LARGE)]
+    cases = cases or [((1024, 512, 16, 4), 300, 1, "hbm", BLOCK),
+                      ((1024, 512, 16, 4), 300, 4, "host", BLOCK_SMALL_CHECK),
+                      ((1152, 768, 8, 2), 129, 8, "hbm", BLOCK),
+                      ((2048, 1024, 64, 6), 1000, 2, "host", BLOCK)]
     for shape, T, ep, path, spec in cases:
         cfg = parse_block(spec, shape[0])
         try:
@@ -507,7 +505,7 @@ def _trace_summary(pb: Problem, schedule: str) -> tuple[float, dict]:
     return busy, tiles
 
 
-def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK_LARGE, BLOCK_SMALL), schedule="interleaved",
+def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK,), schedule="interleaved",
               warmup=3, rep=10, trace=False, log=print):
     """EP=1: fused kernel (main + reduce) vs the grouped_mm chain for several block configurations and
     kernel variants, side by side on one problem (weights and routing built once per shape and tokens).
@@ -582,10 +580,9 @@ if __name__ == "__main__":
     ap.add_argument("--only", action="append")
     ap.add_argument("--budget-s", type=float, default=None)
     ap.add_argument("--shapes", default=None)
-    ap.add_argument("--blocks", default=f"{BLOCK_LARGE},{BLOCK_SMALL}")
+    ap.add_argument("--blocks", default=BLOCK, help="ep1: comma-separated block specs")
     ap.add_argument("--tokens", default="4096,16384")
-    ap.add_argument("--block", default=None, help="grid: large-tile block spec for every shape")
-    ap.add_argument("--small-block", default=None, help="grid: block spec for <= 64 rows per expert")
+    ap.add_argument("--block", default=None, help="grid: block spec for every shape")
     ap.add_argument("--schedule", default="lag:16", help="ep1: the schedule of the fused kernel")
     ap.add_argument("--trace", action="store_true", help="ep1: also one traced run per variant")
     ap.add_argument("--warmup", type=int, default=3)
@@ -601,5 +598,4 @@ if __name__ == "__main__":
         (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
         print(ep1_table(res))
     else:
-        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block, small_block=a.small_block, warmup=a.warmup,
-                 rep=a.rep)
+        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block, warmup=a.warmup, rep=a.rep)
