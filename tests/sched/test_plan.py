@@ -41,11 +41,11 @@ def test_synthetic_units_cover_the_routed_rows():
 def test_work_stores_only_in_linear2_and_only_the_remote_share():
     work = moe_work(SMALL, "expert_wave", COSTS, num_ctas=4)
     _, rows = synthetic_units(SMALL)
-    total = sum(t.store_bytes for cta in work.ctas for t in cta)
+    total = sum(t.store_bytes for t in work.all_tasks())
     n2 = SMALL.hidden // SMALL.block_n2
     expected = sum(rows) * n2 * SMALL.block_n2 * 2 * (SMALL.ep - 1) / SMALL.ep
     assert total == pytest.approx(expected, rel=1e-3)
-    assert all(t.kind == "linear2" for cta in work.ctas for t in cta if t.store_bytes)
+    assert all(t.kind == "linear2" for t in work.all_tasks() if t.store_bytes)
     assert task_work(SMALL, LINEAR2) == 2.0 * 64 * 128 * 256
 
 

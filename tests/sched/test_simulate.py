@@ -75,3 +75,25 @@ def test_unfinishable_work_is_a_clear_error():
     with pytest.raises(InputError, match="compute_ns"):
         Task("a", -1.0)
     assert math.isfinite(simulate_kernel(KernelWork(ctas=[[Task("a", 2.0)]]), {}).time_ns)
+
+
+def test_shared_queue_balances_tasks_over_free_ctas():
+    """Queued tasks go to whichever CTA is free first; round-robin lists cannot rebalance."""
+    costs = [10.0, 1.0, 1.0, 1.0]
+    queue = [Task(f"q{i}", c) for i, c in enumerate(costs)]
+    dynamic = simulate_kernel(KernelWork(ctas=[[], []], queue=queue), {})
+    assert dynamic.time_ns == pytest.approx(10.0)  # CTA 1 runs the three short tasks meanwhile
+    assert [s.cta for s in sorted(dynamic.segments, key=lambda s: s.start_ns) if s.kind == "compute"] == [0, 1, 1, 1]
+    static = KernelWork(ctas=[[queue[0], queue[2]], [queue[1], queue[3]]])
+    assert simulate_kernel(static, {}).time_ns == pytest.approx(11.0)
+
+
+def test_shared_queue_waits_for_dependencies_taken_earlier():
+    queue = [Task("a", 5.0), Task("b", 1.0, deps=("a",)), Task("c", 1.0)]
+    res = simulate_kernel(KernelWork(ctas=[[], []], queue=queue), {})
+    # CTA 1 takes b and waits for a; CTA 0, free after a at 5 ns, takes c.
+    assert res.task_end_ns["b"] == pytest.approx(6.0) and res.task_end_ns["c"] == pytest.approx(6.0)
+    waits = [s for s in res.segments if s.kind == "wait"]
+    assert len(waits) == 1 and waits[0].cta == 1 and waits[0].duration_ns == pytest.approx(5.0)
+    with pytest.raises(InputError, match="unique"):
+        KernelWork(ctas=[[Task("a", 1.0)]], queue=[Task("a", 1.0)])

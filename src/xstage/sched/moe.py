@@ -44,12 +44,13 @@ class MoeConfig:
     block_n2: int = 256
     block_k: int = 64
     elem_bytes: int = 2
+    dynamic: bool = True  # CTAs take tasks from the global order when free (`BlockConfig.dynamic`)
 
     def __post_init__(self):
         for name in ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep", "block_m",
                      "block_n1", "block_n2", "block_k", "elem_bytes"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise InputError(f"MoE config {name}={v!r}: must be a positive integer")
         if self.num_experts % self.ep:
             raise InputError(f"num_experts={self.num_experts}: must be a multiple of ep={self.ep}")
@@ -122,10 +123,9 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
     def name(kind: int, u: int, nb: int) -> str:
         return f"{KIND_NAMES[kind]}.{u}.{nb}"
 
-    ctas = []
-    for c in range(num_ctas):
-        tasks = []
-        for kind, u, nb, *_rest, store_rows in table.cta_tasks(c).tolist():
+    def tasks(rows) -> list[Task]:
+        out = []
+        for kind, u, nb, *_rest, store_rows in rows.tolist():
             if kind == DISPATCH:
                 deps: tuple[str, ...] = ()
             elif kind == LINEAR1:
@@ -135,6 +135,10 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
             stores = {}
             if kind == LINEAR2 and remote_share > 0:
                 stores = {REMOTE: int(round(store_rows * n_cols * cfg.elem_bytes * remote_share))}
-            tasks.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind]))
-        ctas.append(tasks)
-    return KernelWork(ctas=ctas, dest_path={REMOTE: "remote"})
+            out.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind]))
+        return out
+
+    if cfg.dynamic:
+        return KernelWork(ctas=[[] for _ in range(num_ctas)], dest_path={REMOTE: "remote"},
+                          queue=tasks(table.global_order()))
+    return KernelWork(ctas=[tasks(table.cta_tasks(c)) for c in range(num_ctas)], dest_path={REMOTE: "remote"})

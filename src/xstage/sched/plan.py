@@ -95,6 +95,6 @@ def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int,
     c = buf.cfg
     cfg = MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
                     tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
-                    block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k)
+                    block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic)
     return pick_moe_schedule(cfg, moe_path_params(path), load_default_costs("moe"), num_ctas,
                              candidates=candidates)

@@ -1,5 +1,5 @@
-"""Discrete-event simulation of a persistent kernel: CTAs run their task lists, stores go through
-the Burst-Gap path simulator, waits honour dependencies.
+"""Discrete-event simulation of a persistent kernel: CTAs run their task lists (or take tasks from a
+shared queue when free), stores go through the Burst-Gap path simulator, waits honour dependencies.
 
 Each CTA is one issuer on its SM (persistent kernels here run one CTA per SM). A task waits for its
 dependencies, computes for `compute_ns`, then issues its stores destination by destination; every
@@ -105,8 +105,16 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         if trace_backlog:
             backlog[path].append((now, float(sims[path].backlog())))
 
+    queue, taken = list(work.queue), 0
+
     def try_start(cta: _Cta, now: float) -> None:
+        nonlocal taken
         task = cta.task
+        if task is None and taken < len(queue):
+            # A free CTA takes the next task of the shared queue (the kernel's atomic fetch).
+            cta.tasks.append(queue[taken])
+            taken += 1
+            task = cta.task
         if task is None:
             return
         for dep in task.deps:

@@ -43,11 +43,16 @@ class Task:
 
 @dataclass
 class KernelWork:
-    """Per-CTA task lists; CTA i runs on SM `cta_sm[i]` (default: one CTA per SM)."""
+    """Per-CTA task lists; CTA i runs on SM `cta_sm[i]` (default: one CTA per SM).
+
+    `queue` (optional) is a shared task list in a dependency-respecting order: a CTA whose own list
+    is done takes the next queued task (a kernel whose CTAs fetch tasks with an atomic counter).
+    Such a kernel has empty per-CTA lists and everything in the queue."""
 
     ctas: Sequence[Sequence[Task]]
     dest_path: Mapping[int, str] = field(default_factory=dict)
     cta_sm: Sequence[int] | None = None
+    queue: Sequence[Task] = ()
 
     def __post_init__(self):
         if not self.ctas:
@@ -56,19 +61,23 @@ class KernelWork:
             self.cta_sm = list(range(len(self.ctas)))
         if len(self.cta_sm) != len(self.ctas):
             raise InputError(f"work.cta_sm: {len(self.cta_sm)} entries for {len(self.ctas)} CTAs")
-        names = [t.name for cta in self.ctas for t in cta]
+        names = [t.name for cta in self.ctas for t in cta] + [t.name for t in self.queue]
         if len(set(names)) != len(names):
             raise InputError("work: task names must be unique")
         known = set(names)
-        for cta in self.ctas:
+        for cta in [*self.ctas, self.queue]:
             for t in cta:
                 missing = [d for d in t.deps if d not in known]
                 if missing:
                     raise InputError(f"task {t.name}: unknown dependencies {missing}")
 
+    def all_tasks(self) -> list[Task]:
+        """Every task: the per-CTA lists, then the shared queue."""
+        return [t for cta in self.ctas for t in cta] + list(self.queue)
+
     @property
     def n_tasks(self) -> int:
-        return sum(len(c) for c in self.ctas)
+        return sum(len(c) for c in self.ctas) + len(self.queue)
 
     def sms(self) -> list[int]:
         return sorted(set(self.cta_sm))
