@@ -1,6 +1,11 @@
 """Triton kernels of the fused MoE layer: one persistent task-table kernel and the combine reduce.
 
-`moe_main_kernel` (grid = co-resident CTAs) walks its CTA's rows of the schedule table:
+`moe_main_kernel` (grid = co-resident CTAs) runs the rows of the schedule table: with `DYNAMIC` each
+CTA takes the next row of the global order from an atomic counter when it is free (balanced, and
+deadlock-free because a task waits only on earlier rows, all taken by running CTAs); otherwise each
+CTA walks its own round-robin rows. With `TMA` the GEMM operands (receive buffer, activation,
+weights) load through 2-d TMA descriptors, and a `fence.proxy.async` on both sides of each
+readiness counter orders the plain stores that produced them with those loads. The tasks:
 - DISPATCH(u): pull the unit's `block_m` token rows from their source ranks into the local
   receive buffer, then release the unit's readiness counter.
 - LINEAR1(u, n): wait until the unit is dispatched, `[BM, H] x [H, 2*BN1]` gate/up GEMM, SwiGLU in

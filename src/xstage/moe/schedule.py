@@ -6,10 +6,12 @@ one local expert): DISPATCH (pull the unit's token rows from their source ranks)
 whose epilogue pushes rows to the tokens' source ranks: the remote-store bursts). Where the LINEAR2
 tasks sit between compute decides how the stores drain (burst-gap.md).
 
-Algorithm: a schedule is a global task list; task g goes to CTA `g % num_ctas` (static round-robin),
-and each CTA runs its tasks in global order. A task waits only on its unit's readiness counter
-(DISPATCH -> 1, every LINEAR1 -> +1), and every dependency appears earlier in the global list, so
-with co-resident CTAs no order can deadlock. Names:
+Algorithm: a schedule is a global task list. The kernel either lets free CTAs take its tasks in
+that order (dynamic, the default) or gives task g to CTA `g % num_ctas` (round-robin, the `tasks` /
+`cta_start` split below); each CTA runs its tasks in global order. A task waits only on its unit's
+readiness counter (DISPATCH -> 1, every LINEAR1 -> +1), and every dependency appears earlier in the
+global list, so with co-resident CTAs no order can deadlock. Every order then has its dispatches
+hoisted ahead of their units' LINEAR1 tasks (`hoist_dispatch`). Names:
 
 - `expert_wave`: waves of whole experts with >= 2 x num_ctas LINEAR1 tasks each; per wave all
   DISPATCH+LINEAR1 tasks, then all LINEAR2 tasks (DeepGEMM's Expert-Wave order).
