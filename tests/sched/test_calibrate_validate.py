@@ -44,9 +44,34 @@ def test_validation_reports_errors_and_pick_accuracy():
 def test_traced_tiles_are_positive_and_fit_inside_the_kernel():
     from xstage.sched.calibrate import trace_tasks
 
-    mcfg, _, kinds, dur = trace_tasks("H1152-I4608-E8-K2", 1024, reps=1)
+    mcfg, _, kinds, dur, gap_ns = trace_tasks("H1152-I4608-E8-K2", 1024, reps=1)
     assert len(dur) == len(kinds) and (dur > 0).mean() > 0.99
+    assert 0 < gap_ns < np.median(dur)
     assert set(np.unique(kinds)) == {0, 1, 2}
+
+
+def test_task_gaps_are_per_cta_and_skip_tasks_that_did_not_run():
+    from xstage.sched.calibrate import task_gaps
+
+    # (start, end, cta): CTA 0 runs [10, 20] and [23, 40]; CTA 1 runs [30, 35], [12, 25]; one row never ran.
+    trace = np.array([[10, 20, 0], [30, 35, 1], [23, 40, 0], [12, 25, 1], [0, 0, 0]])
+    assert sorted(task_gaps(trace).tolist()) == [3.0, 5.0]
+
+
+def test_fetch_ns_is_added_to_every_task_and_round_trips(tmp_path):
+    from dataclasses import replace
+
+    from xstage.sched.costs import TaskCosts
+
+    cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=64, ep=2, block_m=64, block_n1=64, block_n2=128)
+    plain = moe_work(cfg, "lag:1", COSTS, 4)
+    fetched = moe_work(cfg, "lag:1", replace(COSTS, fetch_ns=500.0), 4)
+    assert all(b.compute_ns == pytest.approx(a.compute_ns + 500.0)
+               for a, b in zip(plain.all_tasks(), fetched.all_tasks()))
+    replace(COSTS, fetch_ns=500.0).save(tmp_path / "c.json")
+    assert TaskCosts.load(tmp_path / "c.json").fetch_ns == 500.0
+    with pytest.raises(Exception, match="fetch_ns"):
+        replace(COSTS, fetch_ns=-1.0)
 
 
 def test_tile_time_interpolates_measured_medians_in_log_rows():

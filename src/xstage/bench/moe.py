@@ -492,7 +492,7 @@ def _trace_summary(pb: Problem, schedule: str) -> tuple[float, dict]:
     from xstage.moe.schedule import KIND_NAMES
 
     p = plan(pb.idx, pb.buf, schedule)
-    trace = torch.zeros(p.schedule.num_tasks, 2, dtype=torch.int64, device=pb.x.device)
+    trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device=pb.x.device)
     launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p, trace=trace)
     launch_reduce(pb.idx, pb.w, torch.empty_like(pb.x), pb.buf)
     _sync()

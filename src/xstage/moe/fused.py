@@ -204,12 +204,12 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
                 trace: torch.Tensor | None = None):
     """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
 
-    `trace` (int64 `[num_tasks, 2]`, optional) receives each task's `%globaltimer` after its
-    dependency wait and after its last store, row g for the task at position g of the global order
-    (`Schedule.global_order()`; tile-cost calibration)."""
-    if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 2)
+    `trace` (int64 `[num_tasks, 3]`, optional) receives each task's `%globaltimer` after its
+    dependency wait, after its last store, and the CTA that ran it; row g for the task at position g
+    of the global order (`Schedule.global_order()`; tile-cost calibration)."""
+    if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 3)
                               or trace.device.type != buf.device.type):
-        raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 2] on {buf.device}, "
+        raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 3] on {buf.device}, "
                          f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
     c = buf.cfg
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)

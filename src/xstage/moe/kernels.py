@@ -145,7 +145,7 @@ def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slo
 
 
 @triton.jit
-def _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
+def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
               p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
               rank, T_STRIDE, H, I, n1, timeout_ns, max_spins,
               STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, TASK_COLS: tl.constexpr, BM: tl.constexpr,
@@ -181,12 +181,13 @@ def _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_rec
                      p_comb_delta, T_STRIDE, H, I, BM, BN2, BK, TMA)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
-            # recorded at the task's position in the global order.
+            # recorded with the CTA at the task's position in the global order.
             tl.debug_barrier()
             t_done = globaltimer(USE_PTX)
             g = tl.load(p_t + 6).to(tl.int64)
-            tl.store(p_trace + g * 2, t_go)
-            tl.store(p_trace + g * 2 + 1, t_done)
+            tl.store(p_trace + g * 3, t_go)
+            tl.store(p_trace + g * 3 + 1, t_done)
+            tl.store(p_trace + g * 3 + 2, i_c.to(tl.int64))
 
 
 @triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE"])
@@ -214,14 +215,14 @@ def moe_main_kernel(
         n_tasks = tl.load(p_cta_start + n_c)
         ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
         while ti < n_tasks:
-            _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
+            _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
                       rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
-            _run_task(ti, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
+            _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
                       rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)

@@ -20,8 +20,19 @@ from xstage.sched.moe import MoeConfig, task_work
 CALIBRATION_SHAPES = ("H4096-I2048-E256-K6", "H7168-I3072-E384-K6", "H4096-I1536-E128-K8", "H1152-I4608-E8-K2")
 
 
+def task_gaps(trace: np.ndarray) -> np.ndarray:
+    """Gaps (ns) between consecutive tasks of each CTA, from a `[tasks, 3]` trace of (start, end, CTA)
+    rows; rows with start 0 did not run. A gap is what the kernel spends between tiles: taking the next
+    task, loading its row and unit, checking its inputs (and waiting, when they are not ready)."""
+    t = trace[trace[:, 0] > 0]
+    t = t[np.lexsort((t[:, 0], t[:, 2]))]  # by CTA, then start time
+    same_cta = t[1:, 2] == t[:-1, 2]
+    return (t[1:, 0] - t[:-1, 1])[same_cta].astype(float)
+
+
 def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0):
-    """Per task of one EP=1 run: kind and median traced duration (ns) over `reps` runs."""
+    """Per task of one EP=1 run: kind and median traced duration (ns) over `reps` runs, and the median
+    gap between consecutive tasks of a CTA (`task_gaps`) over all runs."""
     import torch
 
     from xstage.bench.moe import SHAPES, Problem, block_for
@@ -32,22 +43,25 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     cfg = block_for(shape, tokens, 1, block_spec)
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed)
     p = plan(pb.idx, pb.buf, "expert_wave")
-    trace = torch.zeros(p.schedule.num_tasks, 2, dtype=torch.int64, device="cuda")
-    runs = []
+    trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
+    runs, gaps = [], []
     for _ in range(reps + 1):  # the first run compiles and warms up
         trace.zero_()
         launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p, trace=trace)
         torch.cuda.synchronize()
         pb.buf.check()
-        runs.append((trace[:, 1] - trace[:, 0]).cpu().numpy())
+        t = trace.cpu().numpy()
+        runs.append(t[:, 1] - t[:, 0])
+        gaps.append(task_gaps(t))
     dur = np.median(np.stack(runs[1:]), axis=0).astype(float)
+    gap_ns = float(np.median(np.concatenate(gaps[1:])))
     table = p.schedule.global_order()  # trace row g is the task at position g of the global order
     kinds = table[:, 0]
     H, I, E, K = SHAPES[shape]
     mcfg = MoeConfig(hidden=H, intermediate=I, num_experts=E, topk=K, tokens_per_rank=tokens, ep=1,
                      block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k)
     valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
-    return mcfg, cfg, kinds[valid], dur[valid]
+    return mcfg, cfg, kinds[valid], dur[valid], gap_ns
 
 
 def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
@@ -74,8 +88,10 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
     runs = [(shape, t, b) for shape in shapes for t in token_list for b in (block_specs or (None,))]
     per_shape = []
     blocks = set()
+    gaps: list[float] = []
     for i, (shape, t, spec) in enumerate(runs):
-        mcfg, cfg, kinds, dur = trace_tasks(shape, t, spec, reps)
+        mcfg, cfg, kinds, dur, gap_ns = trace_tasks(shape, t, spec, reps)
+        gaps.append(gap_ns)
         blocks.add(mcfg.block)
         for k in (DISPATCH, LINEAR1, LINEAR2):
             sel = dur[kinds == k]
@@ -104,6 +120,8 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
     env = environment()
     prov = {k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
     prov.update({"tokens": token_list, "shapes": list(shapes), "blocks": sorted(blocks),
-                 "method": "in-kernel %globaltimer per task, EP=1"})
+                 "method": "in-kernel %globaltimer per task, EP=1",
+                 "task_gap_ns_per_run": [round(g, 1) for g in gaps]})
     table = [{k: r[k] for k in ("shape", "block", "kind", "rows_per_expert", "median_ns")} for r in per_shape]
-    return TaskCosts("moe", kinds, prov, quality, table), per_shape
+    fetch = float(np.median(gaps)) if gaps else 0.0
+    return TaskCosts("moe", kinds, prov, quality, table, fetch_ns=fetch), per_shape

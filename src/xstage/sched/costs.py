@@ -1,6 +1,8 @@
 """Task costs of persistent kernels, measured on the GPU and stored beside the path profile.
 
-A tile's compute time is modelled per task kind as `overhead_ns + work / rate` (one CTA on one SM;
+Between tiles a CTA spends `fetch_ns` taking its next task and checking its inputs (measured as the
+median gap between a CTA's consecutive traced tiles). A tile's compute time is modelled per task
+kind as `overhead_ns + work / rate` (one CTA on one SM;
 work is FLOPs for GEMM tiles and bytes for copy tasks such as dispatch), fitted to in-kernel timings
 of the kernel's own tiles (`xstage.sched.calibrate`). The JSON keeps the fitted pairs per kind, the
 data they came from and provenance, so a planner on a machine without a GPU uses measured costs,
@@ -45,6 +47,11 @@ class TaskCosts:
     provenance: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
     table: list = field(default_factory=list)  # measured medians: shape, block, kind, rows_per_expert, median_ns
+    fetch_ns: float = 0.0  # per task, between tiles: taking the task and checking its inputs (median gap)
+
+    def __post_init__(self):
+        if not (self.fetch_ns >= 0 and math.isfinite(self.fetch_ns)):
+            raise InputError(f"fetch_ns must be finite and >= 0, got {self.fetch_ns!r}")
 
     def tile_ns(self, kind: str, block: str, shape: str, rows_per_expert: float, work: float) -> float:
         """A task's compute time: the measured medians of this shape, kind and tile config, interpolated
@@ -89,7 +96,8 @@ class TaskCosts:
             kinds.update(p.kinds)
             quality.update(p.quality)
             table.extend(p.table)
-        return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality, table)
+        return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality, table,
+                   fetch_ns=parts[-1].fetch_ns)
 
     def to_dict(self) -> dict:
         return {
@@ -98,6 +106,7 @@ class TaskCosts:
             "provenance": self.provenance,
             "quality": self.quality,
             "table": self.table,
+            "fetch_ns": self.fetch_ns,
         }
 
     @classmethod
@@ -107,7 +116,8 @@ class TaskCosts:
             table = [{"shape": str(r["shape"]), "block": str(r["block"]), "kind": str(r["kind"]),
                       "rows_per_expert": float(r["rows_per_expert"]), "median_ns": float(r["median_ns"])}
                      for r in d.get("table", [])]
-            return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table)
+            return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table,
+                       fetch_ns=float(d.get("fetch_ns", 0.0)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{source}: malformed task costs ({type(exc).__name__}: {exc})") from None
 

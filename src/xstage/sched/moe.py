@@ -115,7 +115,9 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
     table = make_schedule(schedule, experts, num_ctas, n1, n2, unit_rows=rows)
     shape_key = f"H{cfg.hidden}-I{cfg.intermediate}-E{cfg.num_experts}-K{cfg.topk}"
     rows_per_expert = cfg.tokens_per_rank * cfg.topk * cfg.ep / cfg.num_experts
-    kind_time = {k: costs.tile_ns(KIND_NAMES[k], cfg.block, shape_key, rows_per_expert, task_work(cfg, k))
+    # A task occupies its CTA for the tile plus the fetch before it (next task, its inputs' check).
+    kind_time = {k: costs.fetch_ns + costs.tile_ns(KIND_NAMES[k], cfg.block, shape_key, rows_per_expert,
+                                                   task_work(cfg, k))
                  for k in (DISPATCH, LINEAR1, LINEAR2)}
     remote_share = (cfg.ep - 1) / cfg.ep
     n_cols = min(cfg.block_n2, cfg.hidden)
