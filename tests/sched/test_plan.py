@@ -89,3 +89,14 @@ def test_model_guided_pick_is_the_planner_best():
                            block_n2=128, block_k=32)
     rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8)
     assert pick == rows[0].schedule
+
+
+def test_remote_path_has_no_per_sm_window_and_costs_more_when_the_link_is_busy():
+    from xstage.sched.moe import HELD_STORE_WINDOW, remote_path
+
+    p = remote_path(SLOW_PATH)
+    assert p.c_sm == HELD_STORE_WINDOW and p.drain == SLOW_PATH.drain and p.capacity == SLOW_PATH.capacity
+    work = moe_work(SMALL, "expert_wave", COSTS, 4)
+    window = simulate_kernel(work, {"remote": SLOW_PATH}).time_ns
+    held = simulate_kernel(work, {"remote": p}).time_ns
+    assert held >= window  # a task can no longer compute while its SM holds its last burst

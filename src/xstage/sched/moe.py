@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.model.params import PathParams
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
 from xstage.sched.work import KernelWork, Task
@@ -83,6 +84,20 @@ class MoeConfig:
 
     def with_blocks(self, **blocks) -> MoeConfig:
         return replace(self, **blocks)
+
+
+HELD_STORE_WINDOW = 16.0  # bytes: one vector store
+
+
+def remote_path(params: PathParams) -> PathParams:
+    """The store path as the MoE kernel's tasks meet it: without a per-SM window.
+
+    The probe's compute gaps are FMA chains, which run while the SM still holds up to `c_sm` of its
+    burst. Every MoE task starts by loading its operands, and on the H200 host link those loads queue
+    behind the stores the SM still holds (`benchmarks/store_then_load.py`: 1 MiB of reads take 58 us
+    alone, 154 us after a 64 KiB burst from every SM). So the next task can overlap only with stores
+    that already left the SM, and the per-SM window shrinks to one vector store."""
+    return params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
 
 
 def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from xstage.errors import InputError
 from xstage.model.params import PathParams
 from xstage.sched.costs import TaskCosts
-from xstage.sched.moe import MoeConfig, moe_work
+from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import SimResult, simulate_kernel
 
 DEFAULT_CANDIDATES = ("expert_wave", "interleaved", "lag:0", "lag:1", "lag:2", "lag:4", "lag:8")
@@ -57,7 +57,7 @@ def plan_moe(
         c = cfg.with_blocks(block_m=bm)
         for name in candidates:
             work = moe_work(c, name, costs, num_ctas, seed=seed)
-            res = simulate_kernel(work, {"remote": path}, trace_backlog=True)
+            res = simulate_kernel(work, {"remote": remote_path(path)}, trace_backlog=True)
             rows.append(PlanRow(name, bm, res.time_ns, res.breakdown(), res))
     rows.sort(key=lambda r: r.time_ns)
     return rows

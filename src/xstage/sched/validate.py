@@ -16,7 +16,7 @@ import numpy as np
 from xstage.errors import InputError
 from xstage.model.params import PathParams
 from xstage.sched.costs import TaskCosts
-from xstage.sched.moe import MoeConfig, moe_work
+from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
 
 FUSED_VARIANTS = ("expert_wave", "interleaved")
@@ -39,7 +39,8 @@ def _config(row: dict) -> MoeConfig:
 def _predict_row(job) -> float:
     row, path, costs = job
     cfg = _config(row)
-    return simulate_kernel(moe_work(cfg, row["variant"], costs, int(row.get("ctas") or 132)), {"remote": path}).time_ns
+    work = moe_work(cfg, row["variant"], costs, int(row.get("ctas") or 132))
+    return simulate_kernel(work, {"remote": remote_path(path)}).time_ns
 
 
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, spread: float = 0.03,
