@@ -1,9 +1,11 @@
 """The MoE bench code path (fused schedules, unfused pipeline, CSV, summary) on a tiny CPU problem."""
 
+import pytest
 import torch
 
-from xstage.bench.moe import COLUMNS, KEYS, grid_configs, run_config, summarize
+from xstage.bench.moe import COLUMNS, KEYS, grid_configs, parse_block, run_config, summarize
 from xstage.bench.results import ResultWriter, read_rows
+from xstage.errors import InputError
 from xstage.moe import BlockConfig
 
 
@@ -38,3 +40,14 @@ def test_sync_helper_synchronises(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(1))
     bm._sync()
     assert calls == [1]
+
+
+def test_parse_block_reads_variant_flags_and_fits_bn2():
+    c = parse_block("128:128:256:64:8:4", 1152)
+    assert (c.block_n2, c.block_d, c.num_stages, c.tma, c.dynamic) == (128, 128, 4, True, True)
+    c = parse_block("64:128:256:64:4:3:-", 4096)
+    assert (c.block_m, c.block_n2, c.block_d, c.tma, c.dynamic) == (64, 256, 512, False, False)
+    assert parse_block("64:128:256:64:4:3:t", 4096).dynamic is False
+    for bad in ("64:128:256:64:4", "64:128:256:64:4:3:x", "a:128:256:64:4:3"):
+        with pytest.raises(InputError, match="block"):
+            parse_block(bad, 4096)

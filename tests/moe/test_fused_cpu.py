@@ -169,6 +169,9 @@ def test_bad_schedule_name(small):
         pytest.param(dict(num_max_tokens_per_rank=0), "num_max_tokens_per_rank=0", id="zero-tokens"),
         pytest.param(dict(num_max_tokens_per_rank=10**7, hidden=8192), r"GiB .*over the limit", id="absurd"),
         pytest.param(dict(group=LoopbackGroup(2, path="nvlink")), "path='nvlink'", id="path"),
+        pytest.param(dict(hidden=256, intermediate=256, dtype=torch.float32,
+                          config=BlockConfig(block_m=128, block_n1=128, block_n2=256, block_k=64, num_stages=4)),
+                     r"num_stages=4: .*shared memory", id="stages-vs-shared-memory"),
     ],
 )
 def test_buffer_refuses_bad_sizes(kwargs, match):
