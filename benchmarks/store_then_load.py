@@ -9,7 +9,11 @@ If the reads after a burst take longer than reads alone, the stores the SM still
 loads: then a persistent kernel's next tile cannot overlap with the drain of its last burst the way
 a compute-only gap does (the Burst-Gap probe's gaps are FMA chains).
 
-    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR
+`--bystanders` adds a second experiment: k CTAs store without pause (1 MiB passes) while the other
+CTAs only read; it reports the readers' time per 1 MiB, i.e. whether a busy path slows the loads of
+SMs that store nothing.
+
+    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR [--bystanders]
 """
 
 from __future__ import annotations
@@ -54,6 +58,63 @@ def store_then_load(p_dst, p_src, p_sink, p_t, store_elems, read_elems, n_rounds
     tl.store(p_t + pid * 2 + 1, s_read)
 
 
+@triton.jit
+def bystander_reads(p_dst, p_src, p_sink, p_t, n_store_ctas, store_elems, n_store_iter, read_elems, n_rounds,
+                    SB: tl.constexpr, RB: tl.constexpr):
+    """CTAs below `n_store_ctas` only store; the others only read, timing each 1 MiB read."""
+    pid = tl.program_id(0)
+    if pid < n_store_ctas:
+        v = tl.full([SB], 1, tl.int32)
+        dst = p_dst + pid.to(tl.int64) * store_elems
+        for k in range(n_store_iter):
+            for i in range(0, store_elems, SB):
+                tl.store(dst + i + tl.arange(0, SB), v + k)
+    else:
+        acc = tl.zeros([RB], tl.float32)
+        src = p_src + pid.to(tl.int64) * read_elems
+        s = tl.zeros([], tl.int64)
+        for _k in range(n_rounds):
+            t0 = globaltimer(True)
+            for i in range(0, read_elems, RB):
+                acc += tl.load(src + i + tl.arange(0, RB)).to(tl.float32)
+            tl.debug_barrier()
+            s += globaltimer(True) - t0
+        tl.store(p_sink + pid * RB + tl.arange(0, RB), acc)
+        tl.store(p_t + pid, s // n_rounds)
+
+
+def run_bystanders(out: Path, storers=(0, 8, 33, 66, 99), rounds: int = 20, reps: int = 3) -> list[dict]:
+    """Reads of SMs that store nothing while `storers` other SMs keep the path busy."""
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    read_elems, store_elems = 512 << 10, 256 << 10  # 1 MiB of reads per round, 1 MiB of stores per pass
+    src = torch.ones(n_sm * read_elems, dtype=torch.bfloat16, device="cuda")
+    sink = torch.empty(n_sm * 2048, device="cuda")
+    t = torch.zeros(n_sm, dtype=torch.int64, device="cuda")
+    env = environment()
+    rows = []
+    for dest, passes in (("host", 12), ("hbm", 400)):  # both outlast the readers' 20 rounds
+        for k in storers:
+            dst = torch.empty(max(k, 1) * store_elems, dtype=torch.int32, pin_memory=dest == "host",
+                              device="cpu" if dest == "host" else "cuda")
+            runs = []
+            for _ in range(reps):
+                bystander_reads[(n_sm,)](dst, src, sink, t, k, store_elems, passes if k else 0, read_elems, rounds,
+                                         SB=2048, RB=2048, num_warps=8)
+                torch.cuda.synchronize()
+                runs.append(float(t[k:].double().median()))
+            read_ns = sorted(runs)[reps // 2]
+            rows.append({"dest": dest, "storing_ctas": k, "reading_ctas": n_sm - k, "read_bytes": read_elems * 2,
+                         "read_ns": round(read_ns, 1),
+                         **{c: env[c] for c in ("gpu", "driver", "torch", "triton", "git_commit", "date")}})
+            print(f"{dest:4s}: {k:3d} CTAs storing, the other {n_sm - k} read 1 MiB in {read_ns / 1e3:7.1f} us",
+                  flush=True)
+    with open(out / "bystander_reads.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
 def run(out: Path, store_kib=(0, 4, 16, 32, 64, 128, 256), rounds: int = 20, reps: int = 3) -> list[dict]:
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     read_elems = 512 << 10  # 1 MiB of bf16 per CTA and round
@@ -91,4 +152,8 @@ def run(out: Path, store_kib=(0, 4, 16, 32, 64, 128, 256), rounds: int = 20, rep
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--out", required=True)
-    run(Path(ap.parse_args().out))
+    ap.add_argument("--bystanders", action="store_true", help="also: reads of SMs that store nothing")
+    args = ap.parse_args()
+    run(Path(args.out))
+    if args.bystanders:
+        run_bystanders(Path(args.out))
