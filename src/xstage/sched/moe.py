@@ -96,7 +96,10 @@ def remote_path(params: PathParams) -> PathParams:
     burst. Every MoE task starts by loading its operands, and on the H200 host link those loads queue
     behind the stores the SM still holds (`benchmarks/store_then_load.py`: 1 MiB of reads take 58 us
     alone, 154 us after a 64 KiB burst from every SM). So the next task can overlap only with stores
-    that already left the SM, and the per-SM window shrinks to one vector store."""
+    that already left the SM, and the per-SM window shrinks to one vector store. Measured on the host
+    link only; on `peer` and `hbm` the same rule is an assumption (on `hbm` it changes nothing: stores
+    leave the SM at its issue rate). A full shared level also slows the loads of every other SM
+    (`benchmarks/results/h200-store-then-load/`); that is not modelled yet."""
     return params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
 
 
