@@ -7,20 +7,21 @@ CTAs store rows of `row_bytes` at a fixed pitch into pinned host memory (`host`)
 (`hbm`), either in order (row i of the launch at position i) or at uniformly random rows of a
 `footprint`-byte buffer, and the sustained bytes per second are reported.
 
-    PYTHONPATH=src python3 benchmarks/scattered_rows.py -o OUT_DIR
+    PYTHONPATH=src python3 benchmarks/scattered_rows.py -o OUT_DIR   # resumable
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from xstage.env import environment
+from xstage.bench.results import ResultWriter
+
+COLUMNS = ["dest", "footprint_bytes", "pitch_bytes", "row_bytes", "order", "ctas", "gb_per_s"]
 
 
 @triton.jit
@@ -39,7 +40,7 @@ def run(out: Path, footprints_mib=(128, 256, 512, 1024, 2048), row_bytes=(256, 5
         rows_per_cta: int = 512, n_iter: int = 4, reps: int = 5, dests=("host", "hbm")) -> list[dict]:
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     n = ctas * rows_per_cta
-    env = environment()
+    writer = ResultWriter(out / "scattered_rows.csv", COLUMNS, COLUMNS[:5])
     rows_out = []
     gen = torch.Generator().manual_seed(0)
     for dest in dests:
@@ -49,6 +50,10 @@ def run(out: Path, footprints_mib=(128, 256, 512, 1024, 2048), row_bytes=(256, 5
                               device="cpu" if dest == "host" else "cuda")
             for rb in row_bytes:
                 for order in ("in_order", "scattered"):
+                    key = {"dest": dest, "footprint_bytes": mib << 20, "pitch_bytes": pitch, "row_bytes": rb,
+                           "order": order}
+                    if writer.done(key):
+                        continue  # measured by an earlier run into the same folder
                     rows = torch.arange(n) % n_buf if order == "in_order" else torch.randint(n_buf, (n,), generator=gen)
                     rows = rows.to(torch.int32).cuda()
 
@@ -67,17 +72,10 @@ def run(out: Path, footprints_mib=(128, 256, 512, 1024, 2048), row_bytes=(256, 5
                         torch.cuda.synchronize()
                         times.append(a.elapsed_time(b) / 1e3)
                     gbs = n * rb * n_iter / sorted(times)[reps // 2] / 1e9
-                    rows_out.append({"dest": dest, "footprint_bytes": mib << 20, "pitch_bytes": pitch, "row_bytes": rb,
-                                     "order": order, "ctas": ctas, "gb_per_s": round(gbs, 2),
-                                     **{k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit",
-                                                            "date")}})
+                    rows_out.append({**key, "ctas": ctas, "gb_per_s": round(gbs, 2)})
+                    writer.write(rows_out[-1])
                     print(f"{dest:4s} {mib:5d} MiB rows of {rb} B {order:9s}: {gbs:7.1f} GB/s", flush=True)
             del dst
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "scattered_rows.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows_out[0]))
-        w.writeheader()
-        w.writerows(rows_out)
     return rows_out
 
 

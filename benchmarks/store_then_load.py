@@ -13,21 +13,23 @@ a compute-only gap does (the Burst-Gap probe's gaps are FMA chains).
 CTAs only read; it reports the readers' time per 1 MiB, i.e. whether a busy path slows the loads of
 SMs that store nothing.
 
-    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR [--bystanders]
+    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR [--bystanders]   # resumable
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from xstage.bench.results import ResultWriter
 from xstage.comm.device import globaltimer
-from xstage.env import environment
+
+COLUMNS = ["dest", "ctas", "store_bytes", "read_bytes", "store_ns", "read_ns"]
+BYSTANDER_COLUMNS = ["dest", "storing_ctas", "reading_ctas", "read_bytes", "read_ns"]
 
 
 @triton.jit
@@ -90,10 +92,12 @@ def run_bystanders(out: Path, storers=(0, 8, 33, 66, 99), rounds: int = 20, reps
     src = torch.ones(n_sm * read_elems, dtype=torch.bfloat16, device="cuda")
     sink = torch.empty(n_sm * 2048, device="cuda")
     t = torch.zeros(n_sm, dtype=torch.int64, device="cuda")
-    env = environment()
+    writer = ResultWriter(out / "bystander_reads.csv", BYSTANDER_COLUMNS, BYSTANDER_COLUMNS[:2])
     rows = []
     for dest, passes in (("host", 12), ("hbm", 400)):  # both outlast the readers' 20 rounds
         for k in storers:
+            if writer.done({"dest": dest, "storing_ctas": k}):
+                continue
             dst = torch.empty(max(k, 1) * store_elems, dtype=torch.int32, pin_memory=dest == "host",
                               device="cpu" if dest == "host" else "cuda")
             runs = []
@@ -104,14 +108,10 @@ def run_bystanders(out: Path, storers=(0, 8, 33, 66, 99), rounds: int = 20, reps
                 runs.append(float(t[k:].double().median()))
             read_ns = sorted(runs)[reps // 2]
             rows.append({"dest": dest, "storing_ctas": k, "reading_ctas": n_sm - k, "read_bytes": read_elems * 2,
-                         "read_ns": round(read_ns, 1),
-                         **{c: env[c] for c in ("gpu", "driver", "torch", "triton", "git_commit", "date")}})
+                         "read_ns": round(read_ns, 1)})
+            writer.write(rows[-1])
             print(f"{dest:4s}: {k:3d} CTAs storing, the other {n_sm - k} read 1 MiB in {read_ns / 1e3:7.1f} us",
                   flush=True)
-    with open(out / "bystander_reads.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
     return rows
 
 
@@ -121,10 +121,12 @@ def run(out: Path, store_kib=(0, 4, 16, 32, 64, 128, 256), rounds: int = 20, rep
     src = torch.ones(n_sm * read_elems, dtype=torch.bfloat16, device="cuda")
     sink = torch.empty(n_sm * 2048, device="cuda")
     t = torch.zeros(n_sm * 2, dtype=torch.int64, device="cuda")
-    env = environment()
+    writer = ResultWriter(out / "store_then_load.csv", COLUMNS, COLUMNS[:3])
     rows = []
     for dest in ("host", "hbm"):
         for kib in store_kib:
+            if writer.done({"dest": dest, "ctas": n_sm, "store_bytes": kib * 1024}):
+                continue  # measured by an earlier run into the same folder
             se = max(kib * 256, 2048)
             dst = torch.empty(n_sm * se, dtype=torch.int32, pin_memory=dest == "host",
                               device="cpu" if dest == "host" else "cuda")
@@ -137,15 +139,10 @@ def run(out: Path, store_kib=(0, 4, 16, 32, 64, 128, 256), rounds: int = 20, rep
                 runs.append((float(per_cta[:, 1].median()), float(per_cta[:, 0].median())))
             read_ns, store_ns = sorted(runs)[reps // 2]
             rows.append({"dest": dest, "ctas": n_sm, "store_bytes": kib * 1024, "read_bytes": read_elems * 2,
-                         "store_ns": round(store_ns, 1), "read_ns": round(read_ns, 1),
-                         **{k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}})
+                         "store_ns": round(store_ns, 1), "read_ns": round(read_ns, 1)})
+            writer.write(rows[-1])
             print(f"{dest:4s} {kib:4d} KiB per CTA: store {store_ns / 1e3:7.1f} us, "
                   f"then read 1 MiB {read_ns / 1e3:7.1f} us", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "store_then_load.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
     return rows
 
 
