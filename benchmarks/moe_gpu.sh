@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
-# Usage: benchmarks/moe_gpu.sh [check] [precompile] [ep1] [calibrate] [op] [multirank] [grid]   (results under $OUT or benchmarks/results)
+# Usage: benchmarks/moe_gpu.sh [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid]   (results under $OUT or benchmarks/results)
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -8,6 +8,10 @@ export PYTHONPATH=src
 OUT_DIR=${OUT:-benchmarks/results}/h200-moe
 mkdir -p "$OUT_DIR"
 steps=${*:-check ep1 multirank}
+# The pacing sweep's variants: three schedules unpaced, and paced at 44, 50 and 55 GB/s (0.8, 0.9 and 1.0
+# of the host profile's 55.4 GB/s drain) with a 1 MiB budget, and at 50 GB/s with 256 KiB and 2 MiB.
+PACE_VARIANTS=${PACE_VARIANTS:-$(for s in expert_wave interleaved lag:16; do
+  for p in off 44:1024 50:1024 55:1024 50:256 50:2048; do printf '%s@%s,' "$s" "$p"; done; done | sed 's/,$//')}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 for step in $steps; do
@@ -29,6 +33,9 @@ for step in $steps; do
                  ${CAL_ARGS:-} 2>&1 | tail -30 ;;
     op) timeout "${OP_S:-60}" python3 -u -m pytest -q -x -m gpu tests/moe/test_op.py 2>&1 | tail -15 ;;
     multirank) timeout "${MULTI_S:-70}" python3 -u -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
+    pace)  # store pacing: schedules x pacings at the link-heavy configurations (EP 2-4, 4096 and 16384 tokens)
+      timeout "${PACE_S:-240}" python3 -u -m xstage.bench.moe grid -o "${PACE_DIR:-${OUT:-benchmarks/results}/h200-moe-pacing}" \
+        --only ep=2,4 --only tokens=4096,16384 --schedules "$PACE_VARIANTS" --warmup 2 --rep 10 2>&1 | tail -40 ;;
     grid) timeout "${GRID_S:-250}" python3 -u -m xstage.bench.moe grid -o "${GRID_DIR:-$OUT_DIR}" --budget-s "${GRID_BUDGET_S:-200}" \
             ${GRID_ARGS:-} 2>&1 | tail -60 ;;
   esac

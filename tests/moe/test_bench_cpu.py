@@ -28,8 +28,27 @@ def test_run_config_writes_rows_and_summary(tmp_path):
         if r["max_err"]:
             assert float(r["max_err"]) < 2e-2  # fused vs the unfused pipeline on the same routing
     assert float(rows[0]["speedup"]) == 1.0
+    for r in rows:
+        if r["variant"] not in ("unfused", "chain"):
+            assert float(r["time_p10_ns"]) <= float(r["time_ns"]) <= float(r["time_p90_ns"])
     summary = summarize(tmp_path)
     assert summary["host"]["lag:1"]["configs"] == 1 and (tmp_path / "summary.md").exists()
+
+
+def test_pacing_variants_get_their_own_rows_and_section(tmp_path):
+    cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
+    writer = ResultWriter(tmp_path / "moe.csv", COLUMNS, KEYS, env={"gpu": "none"})
+    row = dict(shape=(64, 32, 4, 2), tokens=12, ep=2, config=cfg, device="cpu", dtype=torch.float16)
+    run_config(row, "host", ("expert_wave", "lag:1", "expert_wave@off", "lag:1@off", "lag:1@40:512"), writer,
+               warmup=0, rep=3, log=lambda m: None)
+    rows = {r["variant"]: r for r in read_rows(tmp_path / "moe.csv")}
+    assert float(rows["expert_wave@off"]["speedup"]) == 1.0  # each pacing against its own expert_wave
+    assert rows["lag:1@40:512"]["speedup"] == "" and float(rows["lag:1@40:512"]["max_err"]) < 2e-2
+    summarize(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    assert "Store pacing" in text and "| lag:1 | 40:512 | 1 |" in text
+    with pytest.raises(InputError, match="pacing"):
+        run_config(row, "host", ("lag:1@fast",), None, warmup=0, rep=1, log=lambda m: None)
 
 
 def test_sync_helper_synchronises(monkeypatch):

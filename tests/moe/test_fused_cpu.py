@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 import torch
 
+from xstage.comm.pacing import StorePacing
 from xstage.errors import CommTimeoutError, InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
 from xstage.moe.fused import launch, plan
@@ -92,6 +93,38 @@ def test_host_path_rows_for_peers_land_in_host_buffer():
             host_row, dev_row = buf.combine_host[k, t], buf.combine[k, t]
             assert bool(host_row.abs().sum() > 0) == bool(remote[t, k])
             assert bool(dev_row.abs().sum() > 0) == bool(~remote[t, k])
+
+
+@pytest.mark.parametrize("R,block_n2", [pytest.param(2, 32, id="R2-BN2-32"),
+                                        pytest.param(4, 64, id="R4-BN2-64-partial")])
+def test_store_pacing_claims_every_remote_byte_once(R, block_n2):
+    # Without a timer the pacing clock only adds up the claims: at 1 ns per byte it must end at the
+    # bytes of all combine rows meant for other ranks, counted here from the routing alone.
+    T, E, K, H, I = 11, 8, 2, 96, 32
+    cfg = dataclasses.replace(CFG, block_n2=block_n2)
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=R)
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R, path="host"), device="cpu", dtype=torch.float16, config=cfg,
+                    pacing=StorePacing(rate=1e9, budget=0))
+    w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+    y = fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved")
+    torch.testing.assert_close(y.double(), _reference(x, idx, w, l1, l2, R), **TOL[torch.float16])
+    el = E // R
+    remote_rows = sum(int((((idx + q * el) % E) // el == 0).sum()) for q in range(1, R))
+    assert remote_rows > 0
+    assert int(buf.pace_clock) == remote_rows * H * 2
+
+
+def test_pacing_defaults_and_bad_values():
+    host = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16, config=CFG)
+    assert host.pacing is not None and host.pacing.rate < 60e9  # paced below the host link's drain
+    hbm = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="hbm"), device="cpu", dtype=torch.float16, config=CFG)
+    assert hbm.pacing is None
+    with pytest.raises(InputError, match="pacing="):
+        host.pacing = 5e10
+    with pytest.raises(InputError, match="StorePacing.rate"):
+        StorePacing(rate=1e6, budget=0)
+    host.pacing = None
+    assert host.pacing is None
 
 
 def test_silent_peer_raises_timeout_not_hang():

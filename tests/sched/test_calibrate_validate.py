@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from tests.sched.test_plan import COSTS, SLOW_PATH
+from xstage.comm.pacing import StorePacing, spec_of
 from xstage.sched.calibrate import fit_kind
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
@@ -16,29 +17,48 @@ def test_fit_kind_recovers_overhead_and_rate():
     assert cost.rate == pytest.approx(3000.0, rel=0.02)
 
 
-def _row(cfg: MoeConfig, schedule: str, time_ns: float) -> dict:
+def _row(cfg: MoeConfig, schedule: str, time_ns: float, spread: float = 0.0) -> dict:
     return {"shape": cfg.shape, "H": cfg.hidden, "I": cfg.intermediate, "E": cfg.num_experts, "K": cfg.topk,
-            "tokens": cfg.tokens_per_rank, "ep": cfg.ep, "variant": schedule, "block": cfg.block,
-            "ctas": 8, "time_ns": time_ns}
+            "tokens": cfg.tokens_per_rank, "ep": cfg.ep, "path": "host", "variant": schedule, "block": cfg.block,
+            "ctas": 8, "time_ns": time_ns, "time_p10_ns": time_ns * (1 - spread / 2),
+            "time_p90_ns": time_ns * (1 + spread / 2)}
 
 
 def test_validation_reports_errors_and_pick_accuracy():
     cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
-    # The validation simulates the remote path as the kernel's tasks meet it (`remote_path`).
+    # The validation simulates the remote path as the kernel's tasks meet it (`remote_path`), unpaced
+    # for `@off` variants.
     pred = {s: simulate_kernel(moe_work(cfg, s, COSTS, 8), {"remote": remote_path(SLOW_PATH)}).time_ns
             for s in ("expert_wave", "lag:1")}
     best_pred = min(pred, key=pred.get)
     other = "lag:1" if best_pred == "expert_wave" else "expert_wave"
     # Measured: the model's pick is 25% slower than predicted and the other schedule measures fastest.
-    rows = [_row(cfg, best_pred, pred[best_pred] * 1.25), _row(cfg, other, pred[best_pred] * 0.9),
+    rows = [_row(cfg, best_pred + "@off", pred[best_pred] * 1.25), _row(cfg, other + "@off", pred[best_pred] * 0.9),
             {**_row(cfg, "unfused", 1.0)}, {**_row(cfg, "expert_wave", 1.0), "ep": 1}]
-    out, summary = validate_moe(rows, SLOW_PATH, COSTS)
-    assert summary["rows"] == 2 and summary["configurations"] == 1
+    cands = ("expert_wave", "lag:1")
+    out, summary = validate_moe(rows, SLOW_PATH, COSTS, candidates=cands)
+    assert summary["rows"] == 2 and summary["fully_measured"] == 1
     errs = {o["schedule"]: o["rel_error"] for o in out}
-    assert errs[best_pred] == pytest.approx(1 / 1.25 - 1)
+    assert errs[best_pred + "@off"] == pytest.approx(1 / 1.25 - 1)
     assert summary["pick_within_tolerance"] == 0.0
+    assert summary["pick_loss_max"] == pytest.approx(1.25 / 0.9 - 1)
     rows[1]["time_ns"] = pred[best_pred] * 1.24  # now the pick is within 3% of the best measured
-    assert validate_moe(rows, SLOW_PATH, COSTS)[1]["pick_within_tolerance"] == 1.0
+    assert validate_moe(rows, SLOW_PATH, COSTS, candidates=cands)[1]["pick_within_tolerance"] == 1.0
+    # 10% apart, but the best one's runs spread over 12%: within the run-to-run spread.
+    rows[1] = _row(cfg, other + "@off", pred[best_pred] * 1.25 / 1.1, spread=0.12)
+    assert validate_moe(rows, SLOW_PATH, COSTS, candidates=cands)[1]["pick_within_tolerance"] == 1.0
+    # A configuration missing a candidate is not fully measured.
+    assert validate_moe(rows, SLOW_PATH, COSTS, candidates=(*cands, "lag:2"))[1]["fully_measured"] == 0
+
+
+def test_validation_predicts_paced_variants_with_the_pacing_bucket():
+    cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
+    slow = StorePacing(rate=2e9, budget=64 * 1024)  # far below SLOW_PATH's drain: the paced kernel takes longer
+    rows = [_row(cfg, "lag:1@off", 1e6), _row(cfg, f"lag:1@{spec_of(slow)}", 1e6)]
+    out, _ = validate_moe(rows, SLOW_PATH, COSTS, candidates=("lag:1",))
+    unpaced, paced = (o["predicted_ns"] for o in out)
+    want = simulate_kernel(moe_work(cfg, "lag:1", COSTS, 8), {"remote": remote_path(SLOW_PATH, slow)}).time_ns
+    assert paced == pytest.approx(want) and paced > unpaced * 1.2
 
 
 @pytest.mark.gpu

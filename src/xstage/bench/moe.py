@@ -27,7 +27,7 @@ import torch
 
 from xstage.bench.grid import select
 from xstage.bench.results import ResultWriter, read_rows
-from xstage.bench.timing import time_device
+from xstage.bench.timing import Timing, time_device, timing_summary
 from xstage.errors import InputError
 
 SHAPES = {
@@ -39,8 +39,8 @@ SHAPES = {
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EPS = (2, 4, 8)
 SCHEDULES = ("expert_wave", "interleaved", "lag:4", "lag:16")
-COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "reduce_ns", "tflops",
-           "speedup", "rows", "block", "ctas", "max_err"]
+COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "time_p10_ns", "time_p90_ns",
+           "reduce_ns", "tflops", "speedup", "rows", "block", "ctas", "max_err"]
 KEYS = ["shape", "tokens", "ep", "path", "variant"]
 
 
@@ -141,10 +141,16 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
-    """Median ns of the main kernel and of the reduce, and the output of the last run."""
+def time_fused(pb: Problem, variant: str, warmup=3, rep=10):
+    """Main kernel timing (median, p10, p90 ns), reduce median ns, the last run's output and the grid.
+
+    `variant` is a schedule name with an optional pacing suffix (`interleaved@off`, see
+    `xstage.comm.pacing.parse_pacing`); without one the buffer's default pacing applies."""
+    from xstage.comm.pacing import parse_pacing
     from xstage.moe.fused import launch_main, launch_reduce, plan
 
+    schedule, _, pace = variant.partition("@")
+    pb.buf.pacing = parse_pacing(pace, pb.buf.store_path) if pace else "auto"
     p = plan(pb.idx, pb.buf, schedule)
     y = torch.empty_like(pb.x)
     for _ in range(warmup):
@@ -155,8 +161,8 @@ def time_fused(pb: Problem, schedule: str, warmup=3, rep=10):
     return main, red, y, p.schedule.num_ctas
 
 
-def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[float, float]:
-    """Median ns of the main kernel and of the reduce over `rep` event-timed runs into `y`;
+def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[Timing, float]:
+    """The main kernel's timing and the reduce's median ns over `rep` event-timed runs into `y`;
     `before_each` (e.g. a barrier across ranks) runs before every timed run."""
     from xstage.moe.fused import launch_main, launch_reduce
 
@@ -171,7 +177,7 @@ def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[float, f
         c[i].record()
     _sync()
     pb.buf.check()
-    main = sorted(a[i].elapsed_time(b[i]) * 1e6 for i in range(rep))[rep // 2]
+    main = timing_summary([a[i].elapsed_time(b[i]) * 1e6 for i in range(rep)])
     red = sorted(b[i].elapsed_time(c[i]) * 1e6 for i in range(rep))[rep // 2]
     return main, red
 
@@ -268,18 +274,22 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
     for s in schedules:
         main, red, y, ctas = time_fused(pb, s, warmup, rep)
         outs[s] = y
-        rows.append(dict(base, variant=s, time_ns=main, reduce_ns=red, ctas=ctas))
+        rows.append(dict(base, variant=s, time_ns=main.median_ns, time_p10_ns=main.p10_ns, time_p90_ns=main.p90_ns,
+                         reduce_ns=red, ctas=ctas))
     un = Unfused(pb, pth)
-    rows.append(dict(base, variant="unfused", time_ns=time_fn(un.full, warmup, rep), reduce_ns="", ctas=""))
+    rows.append(dict(base, variant="unfused", time_ns=time_fn(un.full, warmup, rep), time_p10_ns="", time_p90_ns="",
+                     reduce_ns="", ctas=""))
     if ep == 1:
         rows.append(dict(base, variant="chain", time_ns=time_fn(lambda: un.chain(un.x_sorted), warmup, rep),
-                         reduce_ns="", ctas=""))
+                         time_p10_ns="", time_p90_ns="", reduce_ns="", ctas=""))
     ref = un.combine(un.full())
     scale = float(ref.abs().max()) or 1.0
-    ew = next((r["time_ns"] for r in rows if r["variant"] == "expert_wave"), None)
+    ew = {r["variant"].partition("@")[2]: r["time_ns"] for r in rows if r["variant"].startswith("expert_wave")}
     for r in rows:
         r["tflops"] = pb.flops() / r["time_ns"] / 1e3
-        r["speedup"] = ew / r["time_ns"] if ew else ""
+        # Over expert_wave with the same store pacing (the buffer default for unfused and chain).
+        base_ew = ew.get(r["variant"].partition("@")[2]) if "@" in r["variant"] else ew.get("")
+        r["speedup"] = base_ew / r["time_ns"] if base_ew else ""
         y = outs.get(r["variant"])
         r["max_err"] = float((y.float() - ref).abs().max()) / scale if y is not None else ""
     if writer is not None:
@@ -350,6 +360,24 @@ def _speedup_section(multi: list[dict], path: str) -> tuple[list[str], dict]:
     return lines + [""], summary
 
 
+def _pacing_section(multi: list[dict]) -> list[str]:
+    """Time without pacing over time with each pacing, per schedule measured both ways."""
+    t = {(r["shape"], r["tokens"], r["ep"], r["variant"]): float(r["time_ns"]) for r in multi}
+    gains = defaultdict(list)
+    for (shape, tokens, ep, variant), time_ns in t.items():
+        schedule, _, pace = variant.partition("@")
+        off = t.get((shape, tokens, ep, f"{schedule}@off"))
+        if off is not None and pace != "off" and variant not in ("unfused", "chain"):
+            gains[(schedule, pace or "default")].append(off / time_ns)
+    if not gains:
+        return []
+    lines = ["", "Store pacing: time unpaced (`@off`) over time paced, per schedule and pacing.", "",
+             "| schedule | pacing | configs | geomean | min | max |", "|---|---|---|---|---|---|"]
+    for (schedule, pace), g in sorted(gains.items()):
+        lines.append(f"| {schedule} | {pace} | {len(g)} | {_geomean(g):.3f} | {min(g):.3f} | {max(g):.3f} |")
+    return lines
+
+
 SUMMARY_TITLE = "# MoE fused kernel: schedules vs expert_wave (EP>1, loopback on one GPU)"
 SUMMARY_INTRO = ("Time of the fused persistent kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push); "
                  "`unfused` is the serial pipeline with the same exchange bytes. `host`: rows for other ranks "
@@ -369,7 +397,7 @@ def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -
     paths = sorted({r["path"] for r in multi_all}, key=lambda p: (p != "host", p))
     for path in paths:
         section, by_path = _speedup_section([r for r in multi_all if r["path"] == path], path)
-        lines += section
+        lines += section + _pacing_section([r for r in rows if int(r["ep"]) > 1 and r["path"] == path])
         summary[path] = by_path
     multi = [r for r in multi_all if r["path"] == "host"]
     ep1 = [r for r in rows if int(r["ep"]) == 1]
@@ -527,6 +555,7 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(BLOCK,), schedule="inte
                     k = launch_main(pb.x, pb.w1t, pb.w2, pb.buf, plan(pb.idx, pb.buf, schedule))  # compiles
                     launch_reduce(pb.idx, pb.w, torch.empty_like(pb.x), pb.buf)  # re-arms the counters
                     main, red, y, ctas = time_fused(pb, schedule, warmup, rep)
+                    main = main.median_ns
                 except Exception:  # a config that does not compile or fit: report and go on
                     import traceback
 
@@ -584,6 +613,8 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", default="4096,16384")
     ap.add_argument("--block", default=None, help="grid: block spec for every shape")
     ap.add_argument("--schedule", default="lag:16", help="ep1: the schedule of the fused kernel")
+    ap.add_argument("--schedules", default=",".join(SCHEDULES),
+                    help="grid: comma-separated variants, SCHEDULE[@PACING] (PACING: off, auto, GBPS:KIB)")
     ap.add_argument("--trace", action="store_true", help="ep1: also one traced run per variant")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rep", type=int, default=10)
@@ -598,4 +629,5 @@ if __name__ == "__main__":
         (Path(a.out) / "ep1_sweep.json").write_text(json.dumps(res, indent=1))
         print(ep1_table(res))
     else:
-        run_grid(a.out, a.only, budget_s=a.budget_s, block=a.block, warmup=a.warmup, rep=a.rep)
+        run_grid(a.out, a.only, schedules=tuple(a.schedules.split(",")), budget_s=a.budget_s, block=a.block,
+                 warmup=a.warmup, rep=a.rep)

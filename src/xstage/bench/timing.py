@@ -16,7 +16,8 @@ class Timing:
     runs: int
 
 
-def _summary(samples_ns: list[float]) -> Timing:
+def timing_summary(samples_ns: list[float]) -> Timing:
+    """Median and 10th/90th percentiles of samples (ns)."""
     s = sorted(samples_ns)
     q = statistics.quantiles(s, n=10) if len(s) >= 2 else [s[0]] * 9
     return Timing(statistics.median(s), q[0], q[-1], len(s))
@@ -43,7 +44,7 @@ def time_device(fn: Callable[[], object], *, warmup: int = 5, rep: int = 30, syn
             fn()
             ends[i].record()
         torch.cuda.synchronize()
-        return _summary([s.elapsed_time(e) * 1e6 for s, e in zip(starts, ends)])
+        return timing_summary([s.elapsed_time(e) * 1e6 for s, e in zip(starts, ends)])
     samples = []
     for _ in range(rep):
         if sync is not None:
@@ -51,4 +52,4 @@ def time_device(fn: Callable[[], object], *, warmup: int = 5, rep: int = 30, syn
         t = time.perf_counter_ns()
         fn()
         samples.append(float(time.perf_counter_ns() - t))
-    return _summary(samples)
+    return timing_summary(samples)

@@ -28,15 +28,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from xstage.comm.pacing import StorePacing, default_pacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.errors import CommTimeoutError, InputError
 
-STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE = 32, 33, 34, 35
+STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
 STAGE_NAMES = {
     STAGE_L1_WAIT: "moe.linear1_waits_dispatch",
     STAGE_L2_WAIT: "moe.linear2_waits_linear1",
     STAGE_COMBINE_DONE: "moe.reduce_waits_combine",
     STAGE_BUFFER_FREE: "moe.combine_buffer_free",
+    STAGE_STORE_PACING: "moe.combine_store_pacing",
 }
 for _code, _name in STAGE_NAMES.items():
     register_stage(_code, _name)
@@ -82,7 +84,7 @@ class MoEBuffer:
 
     def __init__(self, num_max_tokens_per_rank, num_experts, topk, hidden, intermediate, group=None, *,
                  device="cuda", dtype=torch.bfloat16, config: BlockConfig | None = None,
-                 capacity_factor: float = 2.0, max_bytes: int = MAX_BUFFER_BYTES):
+                 capacity_factor: float = 2.0, max_bytes: int = MAX_BUFFER_BYTES, pacing="auto"):
         self.T_max = _pos("num_max_tokens_per_rank", num_max_tokens_per_rank)
         self.E = _pos("num_experts", num_experts)
         self.K = _pos("topk", topk)
@@ -127,6 +129,26 @@ class MoEBuffer:
         self._check_size(max_bytes)
         self._plans: dict = {}
         self._allocate()
+        self.pacing = pacing
+
+    @property
+    def store_path(self) -> str:
+        """Where rows for other ranks go: the loopback path, or `peer` in a real group."""
+        return self.group.path if self.loopback else "peer"
+
+    @property
+    def pacing(self) -> StorePacing | None:
+        """Pacing of the combine's remote stores (`xstage.comm.pacing`); None when off."""
+        return self._pacing
+
+    @pacing.setter
+    def pacing(self, value) -> None:
+        """`"auto"` (the default for this buffer's store path), a `StorePacing`, or None (off)."""
+        if isinstance(value, str) and value == "auto":
+            value = default_pacing(self.store_path) if self.R > 1 else None
+        if value is not None and not isinstance(value, StorePacing):
+            raise InputError(f"pacing={value!r}: must be 'auto', None or a StorePacing")
+        self._pacing = value
 
     @property
     def num_local_experts(self) -> int:
@@ -165,6 +187,7 @@ class MoEBuffer:
         self.act = torch.zeros(self.rows_cap, self.I, dtype=self.dtype, device=dev)
         self.ready = torch.zeros(self.units_cap, **i32)
         self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, next task (dynamic)
+        self.pace_clock = torch.zeros(1, dtype=torch.int64, device=dev)  # ns; see xstage.comm.pacing
         self.err = torch.zeros(2, **i32)
         self.sig_slot = torch.full((R,), self.rank, **i32)
         elem = torch.tensor([], dtype=self.dtype).element_size()

@@ -30,6 +30,7 @@ import os
 import torch
 import triton
 
+from xstage.comm.pacing import pacing_args
 from xstage.errors import InputError
 from xstage.moe import kernels
 from xstage.moe.buffer import (
@@ -37,6 +38,7 @@ from xstage.moe.buffer import (
     STAGE_COMBINE_DONE,
     STAGE_L1_WAIT,
     STAGE_L2_WAIT,
+    STAGE_STORE_PACING,
     MoEBuffer,
 )
 from xstage.moe.layout import routing_layout, unit_experts
@@ -218,8 +220,8 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
         x if buf.loopback else buf.x_buf, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
-        buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins,
-        STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE,
+        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins, *pacing_args(buf.pacing),
+        STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
         TMA=c.tma, DYNAMIC=c.dynamic, WAIT=wait, USE_PTX=use_ptx, TRACE=trace is not None, **opts,
     )

@@ -12,7 +12,8 @@ readiness counter orders the plain stores that produced them with those loads. T
   the epilogue, store `[BM, BN1]` of the activation, release the counter.
 - LINEAR2(u, n): wait until all LINEAR1 slabs of the unit are done, `[BM, I] x [I, BN2]`, and push
   every output row into `combine[slot, token]` of the token's source rank (vector stores through
-  peer-relative offsets): the remote-store burst.
+  peer-relative offsets): the remote-store burst. With store pacing on (`MoEBuffer.pacing`) the
+  tile first waits until its remote bytes fit the pacing budget (`xstage.comm.pacing`).
 The last CTA to finish raises this rank's completion count on every peer (release, system scope).
 `moe_reduce_kernel` waits for every peer's completion, forms `y[t] = sum_k w[t,k] combine[k,t]`,
 resets the readiness counters and tells the peers that its combine buffer may be reused.
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import fence_proxy_async, globaltimer, wait_acquire
+from xstage.comm.pacing import pace_stores
 
 
 @triton.jit
@@ -116,7 +118,9 @@ def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
 
 @triton.jit
 def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
-             T_STRIDE, H, I, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr):
+             p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
+             STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
+             USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
@@ -141,16 +145,21 @@ def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slo
     o_row = b_delta + (b_slot.to(tl.int64) * T_STRIDE + b_src % T_STRIDE) * H
     o_row = tl.multiple_of(o_row, 8)
     p_c = p_comb + o_row[:, None] + o_n[None, :]  # [BM, BN2] rows of the source ranks' buffers
+    # Rows for other ranks cross the store path: wait for room in the pacing budget first.
+    n_remote = tl.sum((m_m & (b_src // T_STRIDE != rank)).to(tl.int32))
+    n_cols = tl.minimum(H - nb * BN2, BN2)
+    pace_stores(p_pace, n_remote * n_cols * (p_comb.dtype.element_ty.primitive_bitwidth // 8), pace_fs,
+                pace_budget_ns, timeout_ns, max_spins, p_err, STAGE_PACE * 65536 + rank, USE_PTX)
     tl.store(p_c, b_acc.to(p_comb.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
 @triton.jit
 def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
-              p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
-              rank, T_STRIDE, H, I, n1, timeout_ns, max_spins,
-              STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, TASK_COLS: tl.constexpr, BM: tl.constexpr,
-              BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr,
-              WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
+              p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
+              pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins,
+              STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, TASK_COLS: tl.constexpr,
+              BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+              TMA: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -178,7 +187,8 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
                      TMA, USE_PTX)
         else:
             _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
-                     p_comb_delta, T_STRIDE, H, I, BM, BN2, BK, TMA)
+                     p_comb_delta, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
+                     max_spins, STAGE_PACE, BM, BN2, BK, TMA, USE_PTX)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
             # recorded with the CTA at the task's position in the global order.
@@ -190,13 +200,13 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
             tl.store(p_trace + g * 3 + 2, i_c.to(tl.int64))
 
 
-@triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE"])
+@triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE", "pace_fs", "pace_budget_ns"])
 def moe_main_kernel(
     p_tasks, p_cta_start, p_units, p_row_src, p_row_slot,
     p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1, p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta,
-    p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace,
-    rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins,
-    STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr,
+    p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace, p_pace,
+    rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins, pace_fs, pace_budget_ns,
+    STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr, STAGE_PACE: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr,
     WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
@@ -216,15 +226,17 @@ def moe_main_kernel(
         ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
         while ti < n_tasks:
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
-                      p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
-                      rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2, TASK_COLS,
+                      p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
+                      pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2,
+                      STAGE_PACE, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
-                      p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace,
-                      rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2, TASK_COLS,
+                      p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
+                      pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2,
+                      STAGE_PACE, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")

@@ -121,7 +121,7 @@ def register(sub) -> None:
     m.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
     m.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
     m.add_argument("--ctas", type=int, default=132, help="persistent CTAs (default 132, one per H200 SM)")
-    m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:0..8)")
+    m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:1..16)")
     m.add_argument("--block-m", help="comma-separated BLOCK_M values to try (default 128)")
     m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing")
     m.add_argument("--plot", help="write the best candidate's timeline PNG here")

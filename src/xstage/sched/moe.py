@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.params import PathParams
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
@@ -89,8 +90,9 @@ class MoeConfig:
 HELD_STORE_WINDOW = 16.0  # bytes: one vector store
 
 
-def remote_path(params: PathParams) -> PathParams:
-    """The store path as the MoE kernel's tasks meet it: without a per-SM window.
+def remote_path(params: PathParams, pacing: StorePacing | None = None) -> PathParams:
+    """The store path as the MoE kernel's tasks meet it: without a per-SM window, and with `pacing`
+    (`xstage.comm.pacing`) a leaky bucket of the pacing budget drained at the pacing rate.
 
     The probe's compute gaps are FMA chains, which run while the SM still holds up to `c_sm` of its
     burst. Every MoE task starts by loading its operands, and on the H200 host link those loads queue
@@ -99,8 +101,10 @@ def remote_path(params: PathParams) -> PathParams:
     that already left the SM, and the per-SM window shrinks to one vector store. Measured on the host
     link only; on `peer` and `hbm` the same rule is an assumption (on `hbm` it changes nothing: stores
     leave the SM at its issue rate). A full shared level also slows the loads of every other SM
-    (`benchmarks/results/h200-store-then-load/`); that is not modelled yet."""
-    return params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
+    (`benchmarks/results/h200-store-then-load/`); that is not modelled, so predictions for an unpaced
+    kernel on a path that fills (`host`) come out short. Pacing keeps the shared level from filling."""
+    p = params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
+    return pacing.path_params(p) if pacing is not None else p
 
 
 def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:

@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.params import PathParams
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import SimResult, simulate_kernel
 
-DEFAULT_CANDIDATES = ("expert_wave", "interleaved", "lag:0", "lag:1", "lag:2", "lag:4", "lag:8")
+DEFAULT_CANDIDATES = ("expert_wave", "interleaved", "lag:1", "lag:2", "lag:4", "lag:8", "lag:16")
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,10 @@ def plan_moe(
     candidates: Sequence[str] = DEFAULT_CANDIDATES,
     block_ms: Sequence[int] | None = None,
     seed: int = 0,
+    pacing: StorePacing | None = None,
 ) -> list[PlanRow]:
-    """Every candidate (schedule x block_m) with its predicted kernel time, fastest first."""
+    """Every candidate (schedule x block_m) with its predicted kernel time, fastest first; `pacing` is
+    the kernel's store pacing (`xstage.comm.pacing`), None for unpaced stores."""
     if num_ctas < 1:
         raise InputError(f"num_ctas={num_ctas}: must be >= 1")
     if not candidates:
@@ -57,7 +60,7 @@ def plan_moe(
         c = cfg.with_blocks(block_m=bm)
         for name in candidates:
             work = moe_work(c, name, costs, num_ctas, seed=seed)
-            res = simulate_kernel(work, {"remote": remote_path(path)}, trace_backlog=True)
+            res = simulate_kernel(work, {"remote": remote_path(path, pacing)}, trace_backlog=True)
             rows.append(PlanRow(name, bm, res.time_ns, res.breakdown(), res))
     rows.sort(key=lambda r: r.time_ns)
     return rows
@@ -91,10 +94,9 @@ def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int,
     """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape."""
     from xstage.sched.costs import load_default_costs
 
-    path = buf.group.path if buf.loopback else "peer"
     c = buf.cfg
     cfg = MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
                     tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
                     block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic)
-    return pick_moe_schedule(cfg, moe_path_params(path), load_default_costs("moe"), num_ctas,
-                             candidates=candidates)
+    return pick_moe_schedule(cfg, moe_path_params(buf.store_path), load_default_costs("moe"), num_ctas,
+                             candidates=candidates, pacing=buf.pacing)

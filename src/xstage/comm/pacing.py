@@ -1,0 +1,141 @@
+"""Store pacing: keep a kernel's remote-store backlog below the path's shared X-Stage level.
+
+Why: on the H200 host link, once the shared level is full the loads of *every* SM slow down, also of
+SMs that store nothing (`benchmarks/results/h200-store-then-load/`, bystanders: 4-18x slower with
+33-99 storing SMs), and the fused MoE kernel's own tiles run 2-18x slower beside a saturated link
+(`benchmarks/results/h200-moe-busy-link/`). With 8 storing SMs, whose per-SM windows hold ~1.2 MB
+together (below the ~3 MB shared level), readers kept their speed although the link was busy. So
+stores that wait in software instead of in the fabric leave the other SMs their memory bandwidth.
+
+How: one int64 virtual clock per kernel buffer (`%globaltimer` ns) is the time at which every byte
+claimed so far will have drained at `rate`. A CTA about to store `n` bytes raises the clock to at
+least now (an idle link earns no credit), claims `n / rate` of it with one atomic add, and waits
+until its claim ends at most `budget / rate` ahead of now, i.e. until at most `budget` bytes would
+be outstanding with its own. This is a token bucket of `budget` bytes refilled at `rate`, which is
+also what the Burst-Gap simulator does with `drain = rate, capacity = budget`
+(`StorePacing.path_params`), so the planner predicts a paced kernel with the same model.
+
+Without a timer (the CPU interpreter) the clock only accumulates the claims and nobody waits: the
+outputs do not depend on pacing, and tests can read the clock to check the claimed bytes.
+
+Example:
+    >>> from xstage.comm.pacing import StorePacing
+    >>> p = StorePacing(rate=50e9, budget=1 << 20)
+    >>> p.kernel_args()  # (femtoseconds per byte, budget in ns)
+    (20000, 20972)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+from xstage.comm.device import globaltimer
+from xstage.errors import InputError
+
+FS_PER_S = 10**15
+MIN_RATE = 1e9  # B/s: slower pacing would turn a 64 KiB tile into a wait of more than 64 us
+
+
+@dataclass(frozen=True)
+class StorePacing:
+    """Pace remote stores at `rate` bytes/s with at most `budget` bytes ahead of that pace."""
+
+    rate: float
+    budget: float
+
+    def __post_init__(self):
+        if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate >= MIN_RATE):
+            raise InputError(f"StorePacing.rate={self.rate!r}: must be a finite rate >= {MIN_RATE:.0e} B/s")
+        if not (isinstance(self.budget, (int, float)) and math.isfinite(self.budget) and self.budget >= 0):
+            raise InputError(f"StorePacing.budget={self.budget!r}: must be a finite number of bytes >= 0")
+
+    @classmethod
+    def from_profile(cls, params, rate_factor: float, budget: float) -> StorePacing:
+        """Pace at `rate_factor` x the path's drain rate (a `PathParams`), `budget` bytes ahead."""
+        if not 0 < rate_factor <= 1.5:
+            raise InputError(f"rate_factor={rate_factor!r}: must be in (0, 1.5]")
+        return cls(rate=rate_factor * params.drain, budget=budget)
+
+    def kernel_args(self) -> tuple[int, int]:
+        """(femtoseconds per byte, budget in ns): the integers `pace_stores` takes."""
+        return round(FS_PER_S / self.rate), round(self.budget / self.rate * 1e9)
+
+    def path_params(self, params):
+        """The path as a paced kernel meets it: drained at most at `rate`, at most `budget` outstanding."""
+        return params.replace(drain=min(params.drain, self.rate), capacity=min(params.capacity, self.budget))
+
+
+# Defaults for paths where pacing was measured to pay (`benchmarks/results/h200-moe-pacing/`).
+DEFAULT_RATE_FACTOR = 0.9
+DEFAULT_BUDGET = 1 << 20
+PACED_PATHS = ("host",)
+
+NO_PACING = (0, 0)
+
+
+def default_pacing(path: str) -> StorePacing | None:
+    """The pacing a kernel storing through `path` gets by default: on the host link, from its embedded
+    profile; none on `hbm` (no shared level to fill) and on `peer` (not measured there yet)."""
+    if path not in PACED_PATHS:
+        return None
+    from xstage.model import load_default_profile
+
+    return StorePacing.from_profile(load_default_profile(path).params, DEFAULT_RATE_FACTOR, DEFAULT_BUDGET)
+
+
+def parse_pacing(spec: str, path: str):
+    """`"off"` -> None, `"auto"` -> `default_pacing(path)`, `"RATE:BUDGET"` -> StorePacing of RATE GB/s and
+    BUDGET KiB (e.g. `"50:1024"`): the suffix of a benchmark variant such as `interleaved@off`."""
+    if spec == "off":
+        return None
+    if spec == "auto":
+        return default_pacing(path)
+    rate, sep, budget = spec.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return StorePacing(rate=float(rate) * 1e9, budget=float(budget) * 1024)
+    except ValueError:
+        raise InputError(f"pacing {spec!r}: expected 'off', 'auto' or RATE_GBPS:BUDGET_KIB such as '50:1024'") from None
+
+
+def spec_of(pacing: StorePacing | None) -> str:
+    """The `parse_pacing` spec of `pacing`."""
+    return "off" if pacing is None else f"{pacing.rate / 1e9:g}:{pacing.budget / 1024:g}"
+
+
+def pacing_args(pacing: StorePacing | None) -> tuple[int, int]:
+    """Kernel arguments for `pacing`; (0, 0) switches pacing off."""
+    return NO_PACING if pacing is None else pacing.kernel_args()
+
+
+@triton.jit
+def pace_stores(p_clock, nbytes, fs_per_byte, budget_ns, timeout_ns, max_spins, p_err, code,
+                USE_PTX: tl.constexpr):
+    """Wait until `nbytes` more remote bytes fit the pacing budget (see module docstring).
+
+    `fs_per_byte == 0` switches pacing off. The wait ends by itself (every claim ahead drains at the
+    pace); it is still bounded by `timeout_ns` and `max_spins`, and running past them writes `code`
+    into the error word, so a mis-set pace becomes a host-side error instead of a stalled kernel."""
+    if (fs_per_byte > 0) & (nbytes > 0):
+        now = globaltimer(USE_PTX)
+        cost = (nbytes.to(tl.int64) * fs_per_byte) // 1000000  # ns
+        tl.atomic_max(p_clock, now, sem="relaxed", scope="gpu")
+        start = tl.atomic_add(p_clock, cost, sem="relaxed", scope="gpu")
+        if USE_PTX:
+            target = start + cost - budget_ns
+            t_enter = now
+            spins = 0
+            while (now < target) & (now - t_enter < timeout_ns) & (spins < max_spins):
+                now = globaltimer(USE_PTX)
+                spins += 1
+            if now < target:
+                tl.atomic_cas(p_err, 0, code)
+                tl.atomic_add(p_err + 1, 1)
+
+
+__all__ = ["StorePacing", "NO_PACING", "default_pacing", "parse_pacing", "spec_of", "pacing_args", "pace_stores"]
