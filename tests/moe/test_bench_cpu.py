@@ -47,6 +47,7 @@ def test_pacing_variants_get_their_own_rows_and_section(tmp_path):
     summarize(tmp_path)
     text = (tmp_path / "summary.md").read_text()
     assert "Store pacing" in text and "| lag:1 | 40:512 | 1 |" in text
+    assert "Best paced schedule per configuration over unpaced `expert_wave`" in text
     with pytest.raises(InputError, match="pacing"):
         run_config(row, "host", ("lag:1@fast",), None, warmup=0, rep=1, log=lambda m: None)
 

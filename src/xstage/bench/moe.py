@@ -375,6 +375,19 @@ def _pacing_section(multi: list[dict]) -> list[str]:
              "| schedule | pacing | configs | geomean | min | max |", "|---|---|---|---|---|---|"]
     for (schedule, pace), g in sorted(gains.items()):
         lines.append(f"| {schedule} | {pace} | {len(g)} | {_geomean(g):.3f} | {min(g):.3f} | {max(g):.3f} |")
+    # The baseline of the published comparison: expert_wave without pacing.
+    best = defaultdict(lambda: [math.inf, math.inf])  # (best paced, best unpaced) per configuration
+    for (shape, tokens, ep, variant), time_ns in t.items():
+        if variant in ("unfused", "chain"):
+            continue
+        i = 1 if variant.endswith("@off") else 0
+        best[(shape, tokens, ep)][i] = min(best[(shape, tokens, ep)][i], time_ns)
+    for i, label in ((0, "paced"), (1, "unpaced")):
+        sp = [t[(*c, "expert_wave@off")] / b[i] for c, b in best.items()
+              if (*c, "expert_wave@off") in t and math.isfinite(b[i])]
+        if sp:
+            lines += ["", f"Best {label} schedule per configuration over unpaced `expert_wave`: geomean "
+                          f"{_geomean(sp):.3f}, max {max(sp):.3f} over {len(sp)} configurations."]
     return lines
 
 

@@ -119,9 +119,10 @@ def pace_stores(p_clock, nbytes, fs_per_byte, budget_ns, timeout_ns, max_spins, 
                 USE_PTX: tl.constexpr):
     """Wait until `nbytes` more remote bytes fit the pacing budget (see module docstring).
 
-    `fs_per_byte == 0` switches pacing off. The wait ends by itself (every claim ahead drains at the
-    pace); it is still bounded by `timeout_ns` and `max_spins`, and running past them writes `code`
-    into the error word, so a mis-set pace becomes a host-side error instead of a stalled kernel."""
+    `fs_per_byte == 0` switches pacing off (kernels that never pace compile the call out instead).
+    The wait ends by itself (every claim ahead drains at the pace); it is still bounded by `timeout_ns`
+    and `max_spins`, and running past them writes `code` into the error word, so a mis-set pace becomes
+    a host-side error instead of a stalled kernel."""
     if (fs_per_byte > 0) & (nbytes > 0):
         now = globaltimer(USE_PTX)
         cost = (nbytes.to(tl.int64) * fs_per_byte) // 1000000  # ns

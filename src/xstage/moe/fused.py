@@ -223,7 +223,8 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
         buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins, *pacing_args(buf.pacing),
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        TMA=c.tma, DYNAMIC=c.dynamic, WAIT=wait, USE_PTX=use_ptx, TRACE=trace is not None, **opts,
+        TMA=c.tma, DYNAMIC=c.dynamic, PACED=buf.pacing is not None, WAIT=wait, USE_PTX=use_ptx,
+        TRACE=trace is not None, **opts,
     )
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
         _check_residency(compiled, buf)

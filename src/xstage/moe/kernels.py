@@ -120,7 +120,7 @@ def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
 def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
              p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
              STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
-             USE_PTX: tl.constexpr):
+             PACED: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
@@ -145,11 +145,12 @@ def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slo
     o_row = b_delta + (b_slot.to(tl.int64) * T_STRIDE + b_src % T_STRIDE) * H
     o_row = tl.multiple_of(o_row, 8)
     p_c = p_comb + o_row[:, None] + o_n[None, :]  # [BM, BN2] rows of the source ranks' buffers
-    # Rows for other ranks cross the store path: wait for room in the pacing budget first.
-    n_remote = tl.sum((m_m & (b_src // T_STRIDE != rank)).to(tl.int32))
-    n_cols = tl.minimum(H - nb * BN2, BN2)
-    pace_stores(p_pace, n_remote * n_cols * (p_comb.dtype.element_ty.primitive_bitwidth // 8), pace_fs,
-                pace_budget_ns, timeout_ns, max_spins, p_err, STAGE_PACE * 65536 + rank, USE_PTX)
+    if PACED:
+        # Rows for other ranks cross the store path: wait for room in the pacing budget first.
+        n_remote = tl.sum((m_m & (b_src // T_STRIDE != rank)).to(tl.int32))
+        n_cols = tl.minimum(H - nb * BN2, BN2)
+        pace_stores(p_pace, n_remote * n_cols * (p_comb.dtype.element_ty.primitive_bitwidth // 8), pace_fs,
+                    pace_budget_ns, timeout_ns, max_spins, p_err, STAGE_PACE * 65536 + rank, USE_PTX)
     tl.store(p_c, b_acc.to(p_comb.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
 
 
@@ -159,7 +160,7 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
               pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins,
               STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, TASK_COLS: tl.constexpr,
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
-              TMA: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
+              TMA: tl.constexpr, PACED: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -188,7 +189,7 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
         else:
             _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
                      p_comb_delta, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
-                     max_spins, STAGE_PACE, BM, BN2, BK, TMA, USE_PTX)
+                     max_spins, STAGE_PACE, BM, BN2, BK, TMA, PACED, USE_PTX)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
             # recorded with the CTA at the task's position in the global order.
@@ -208,7 +209,7 @@ def moe_main_kernel(
     rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins, pace_fs, pace_budget_ns,
     STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr, STAGE_PACE: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
-    BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr,
+    BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
     WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -229,7 +230,7 @@ def moe_main_kernel(
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2,
                       STAGE_PACE, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
@@ -237,7 +238,7 @@ def moe_main_kernel(
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2,
                       STAGE_PACE, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, WAIT, USE_PTX, TRACE)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:
