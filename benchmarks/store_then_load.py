@@ -13,7 +13,12 @@ a compute-only gap does (the Burst-Gap probe's gaps are FMA chains).
 CTAs only read; it reports the readers' time per 1 MiB, i.e. whether a busy path slows the loads of
 SMs that store nothing.
 
-    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR [--bystanders]   # resumable
+`--paced SPEC,...` repeats the bystander experiment on `host` with the storers' 8 KiB stores paced
+by `xstage.comm.pacing` (SPEC as in `parse_pacing`: `off`, or GB/s:KiB such as `50:128`), and also
+reports the throughput the storers reach: does pacing keep the readers' speed, and at what cost to
+the link?
+
+    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR [--bystanders] [--paced off,50:128]
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import triton.language as tl
 
 from xstage.bench.results import ResultWriter
 from xstage.comm.device import globaltimer
+from xstage.comm.pacing import pace_stores, pacing_args, parse_pacing
 
 COLUMNS = ["dest", "ctas", "store_bytes", "read_bytes", "store_ns", "read_ns"]
 BYSTANDER_COLUMNS = ["dest", "storing_ctas", "reading_ctas", "read_bytes", "read_ns"]
+PACED_COLUMNS = ["dest", "pacing", "storing_ctas", "reading_ctas", "read_bytes", "read_ns", "store_gbps"]
 
 
 @triton.jit
@@ -83,6 +90,72 @@ def bystander_reads(p_dst, p_src, p_sink, p_t, n_store_ctas, store_elems, n_stor
             s += globaltimer(True) - t0
         tl.store(p_sink + pid * RB + tl.arange(0, RB), acc)
         tl.store(p_t + pid, s // n_rounds)
+
+
+@triton.jit
+def paced_bystander_reads(p_dst, p_src, p_sink, p_t, p_clock, p_err, n_store_ctas, store_elems, n_store_iter,
+                          read_elems, n_rounds, pace_fs, pace_budget_ns, SB: tl.constexpr, RB: tl.constexpr):
+    """`bystander_reads` with every store of SB int32 paced; storers record their elapsed time."""
+    pid = tl.program_id(0)
+    if pid < n_store_ctas:
+        v = tl.full([SB], 1, tl.int32)
+        dst = p_dst + pid.to(tl.int64) * store_elems
+        t0 = globaltimer(True)
+        nbytes = tl.full([], SB * 4, tl.int32)
+        for k in range(n_store_iter):
+            for i in range(0, store_elems, SB):
+                pace_stores(p_clock, nbytes, pace_fs, pace_budget_ns, 2_000_000_000, 2**31 - 1, p_err, 1, True)
+                tl.store(dst + i + tl.arange(0, SB), v + k)
+        tl.debug_barrier()
+        tl.store(p_t + pid, globaltimer(True) - t0)
+    else:
+        acc = tl.zeros([RB], tl.float32)
+        src = p_src + pid.to(tl.int64) * read_elems
+        s = tl.zeros([], tl.int64)
+        for _k in range(n_rounds):
+            t0 = globaltimer(True)
+            for i in range(0, read_elems, RB):
+                acc += tl.load(src + i + tl.arange(0, RB)).to(tl.float32)
+            tl.debug_barrier()
+            s += globaltimer(True) - t0
+        tl.store(p_sink + pid * RB + tl.arange(0, RB), acc)
+        tl.store(p_t + pid, s // n_rounds)
+
+
+def run_paced_bystanders(out: Path, specs, storers=(33, 66, 99), rounds: int = 20, passes: int = 12,
+                         reps: int = 3) -> list[dict]:
+    """Bystander reads on `host` with the storers paced by each spec (`off`: unpaced)."""
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+    read_elems, store_elems = 512 << 10, 256 << 10
+    src = torch.ones(n_sm * read_elems, dtype=torch.bfloat16, device="cuda")
+    sink = torch.empty(n_sm * 2048, device="cuda")
+    t = torch.zeros(n_sm, dtype=torch.int64, device="cuda")
+    clock = torch.zeros(1, dtype=torch.int64, device="cuda")
+    err = torch.zeros(2, dtype=torch.int32, device="cuda")
+    writer = ResultWriter(out / "bystander_reads_paced.csv", PACED_COLUMNS, PACED_COLUMNS[:3])
+    rows = []
+    for spec in specs:
+        fs, budget_ns = pacing_args(parse_pacing(spec, "host"))
+        for k in storers:
+            if writer.done({"dest": "host", "pacing": spec, "storing_ctas": k}):
+                continue
+            dst = torch.empty(k * store_elems, dtype=torch.int32, pin_memory=True)
+            runs = []
+            for _ in range(reps):
+                paced_bystander_reads[(n_sm,)](dst, src, sink, t, clock, err, k, store_elems, passes, read_elems,
+                                               rounds, fs, budget_ns, SB=2048, RB=2048, num_warps=8)
+                torch.cuda.synchronize()
+                gbps = k * passes * store_elems * 4 / float(t[:k].max())
+                runs.append((float(t[k:].double().median()), gbps))
+            if int(err[0]):
+                raise RuntimeError(f"pacing {spec}: a paced store waited past its bound")
+            read_ns, gbps = sorted(runs)[reps // 2]
+            rows.append({"dest": "host", "pacing": spec, "storing_ctas": k, "reading_ctas": n_sm - k,
+                         "read_bytes": read_elems * 2, "read_ns": round(read_ns, 1), "store_gbps": round(gbps, 2)})
+            writer.write(rows[-1])
+            print(f"host {spec:>8s}: {k:3d} CTAs storing at {gbps:5.1f} GB/s, the other {n_sm - k} read 1 MiB in "
+                  f"{read_ns / 1e3:7.1f} us", flush=True)
+    return rows
 
 
 def run_bystanders(out: Path, storers=(0, 8, 33, 66, 99), rounds: int = 20, reps: int = 3) -> list[dict]:
@@ -150,7 +223,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--bystanders", action="store_true", help="also: reads of SMs that store nothing")
+    ap.add_argument("--paced", help="only: bystander reads with paced storers, comma-separated pacing specs")
     args = ap.parse_args()
+    if args.paced:
+        run_paced_bystanders(Path(args.out), args.paced.split(","))
+        raise SystemExit(0)
     run(Path(args.out))
     if args.bystanders:
         run_bystanders(Path(args.out))
