@@ -8,8 +8,9 @@ export PYTHONPATH=src
 OUT_DIR=${OUT:-benchmarks/results}/h200-moe
 mkdir -p "$OUT_DIR"
 steps=${*:-check ep1 multirank}
-# The pacing sweep's variants: three schedules unpaced, and paced at 44, 50 and 55 GB/s (0.8, 0.9 and 1.0
-# of the host profile's 55.4 GB/s drain) with a 1 MiB budget, and at 50 GB/s with 256 KiB and 2 MiB.
+# The pacing sweep's default variants (sweep 1 of benchmarks/results/h200-moe-pacing/): three
+# schedules unpaced, and paced at 44, 50 and 55 GB/s (0.8, 0.9 and 1.0 of the host profile's 55.4 GB/s
+# drain) with a 1 MiB budget, and at 50 GB/s with 256 KiB and 2 MiB.
 PACE_VARIANTS=${PACE_VARIANTS:-$(for s in expert_wave interleaved lag:16; do
   for p in off 44:1024 50:1024 55:1024 50:256 50:2048; do printf '%s@%s,' "$s" "$p"; done; done | sed 's/,$//')}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
