@@ -87,8 +87,39 @@ def test_model_guided_pick_is_the_planner_best():
     pick = pick_for_moe_buffer(buf, 512, num_ctas=8)
     mcfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
                            block_n2=128, block_k=32)
-    rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8)
+    assert buf.pacing is not None  # the host path is paced by default, and the planner knows it
+    rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8, pacing=buf.pacing)
     assert pick == rows[0].schedule
+
+
+def test_paced_path_is_a_leaky_bucket_of_the_pacing_budget():
+    from xstage.comm.pacing import StorePacing
+    from xstage.sched.moe import remote_path
+
+    pacing = StorePacing(rate=4e9, budget=256 * 1024)  # slower than SLOW_PATH's 8 GB/s drain
+    p = remote_path(SLOW_PATH, pacing)
+    assert p.drain == 4e9 and p.capacity == 256 * 1024
+    work = moe_work(SMALL, "lag:1", COSTS, 4)
+    unpaced = simulate_kernel(work, {"remote": remote_path(SLOW_PATH)}).time_ns
+    assert simulate_kernel(work, {"remote": p}).time_ns > unpaced
+    fast = StorePacing(rate=1e12, budget=64 << 20)  # a pace the path cannot reach changes nothing
+    assert remote_path(SLOW_PATH, fast) == remote_path(SLOW_PATH)
+
+
+def test_cli_plan_moe_takes_the_pacing(capsys):
+    from xstage.cli import main
+
+    args = ["plan", "moe", "--config", "H512/I256/E16/top2", "--tokens", "256", "--ep", "4", "--ctas", "8",
+            "--candidates", "lag:1", "--json"]
+    times = {}
+    for spec in ("off", "2:64"):
+        assert main([*args, "--pacing", spec]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["pacing"] == spec
+        times[spec] = out["rows"][0]["time_us"]
+    assert times["2:64"] > times["off"]  # 2 GB/s is far below the host link's drain
+    assert main([*args, "--pacing", "fast"]) != 0
+    assert "pacing 'fast'" in capsys.readouterr().err
 
 
 def test_remote_path_has_no_per_sm_window_and_costs_more_when_the_link_is_busy():

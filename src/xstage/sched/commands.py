@@ -29,7 +29,11 @@ def run_plan_moe(args) -> int:
     block_ms = [int(b) for b in args.block_m.split(",")] if args.block_m else None
     if args.ctas < 1:
         raise InputError(f"--ctas {args.ctas}: must be >= 1")
-    rows = plan_moe(cfg, params, costs, args.ctas, candidates=candidates, block_ms=block_ms, seed=args.seed)
+    from xstage.comm.pacing import parse_pacing, spec_of
+
+    pacing = parse_pacing(args.pacing, profile.path)
+    rows = plan_moe(cfg, params, costs, args.ctas, candidates=candidates, block_ms=block_ms, seed=args.seed,
+                    pacing=pacing)
     table = [
         {"schedule": r.schedule, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
          "vs_best": r.time_ns / rows[0].time_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / args.ctas,
@@ -41,10 +45,12 @@ def run_plan_moe(args) -> int:
         plot = plot_timeline(rows[0].result, Path(args.plot),
                              title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: {rows[0].schedule} (predicted)")
     text = (f"{cfg.shape}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {args.ctas} CTAs, "
+            f"store pacing {spec_of(pacing)} (GB/s:KiB), "
             f"profile {profile.describe() if hasattr(profile, 'describe') else args.profile or 'default'}\n"
             + markdown_table(table, list(table[0]), floatfmt=".4g")
             + f"\npick: {rows[0].schedule} (block_m {rows[0].block_m})" + (f"\ntimeline: {plot}" if plot else ""))
-    emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "rows": table,
+    emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "pacing": spec_of(pacing),
+          "rows": table,
           "pick": rows[0].schedule, "plot": str(plot) if plot else None}, args.json, text)
     return 0
 
@@ -124,6 +130,8 @@ def register(sub) -> None:
     m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:1..16)")
     m.add_argument("--block-m", help="comma-separated BLOCK_M values to try (default 128)")
     m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing")
+    m.add_argument("--pacing", default="auto", help="the kernel's store pacing: auto (the default of the "
+                   "profile's path), off, or GBPS:KIB such as 50:128")
     m.add_argument("--plot", help="write the best candidate's timeline PNG here")
     m.add_argument("--json", action="store_true", help="print JSON")
     m.set_defaults(handler=run_plan_moe)
