@@ -3,6 +3,7 @@ import pytest
 
 from tests.sched.test_plan import COSTS, SLOW_PATH
 from xstage.comm.pacing import StorePacing, spec_of
+from xstage.errors import InputError
 from xstage.sched.calibrate import fit_kind
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
@@ -59,6 +60,11 @@ def test_validation_predicts_paced_variants_with_the_pacing_bucket():
     unpaced, paced = (o["predicted_ns"] for o in out)
     want = simulate_kernel(moe_work(cfg, "lag:1", COSTS, 8), {"remote": remote_path(SLOW_PATH, slow)}).time_ns
     assert paced == pytest.approx(want) and paced > unpaced * 1.2
+    # A variant without a suffix ran with the default of its commit: `off` for results from before pacing.
+    bare = validate_moe([_row(cfg, "lag:1", 1e6)], SLOW_PATH, COSTS, candidates=("lag:1",), default_pacing="off")[0]
+    assert bare[0]["predicted_ns"] == pytest.approx(unpaced)
+    with pytest.raises(InputError, match="pacing"):
+        validate_moe(rows, SLOW_PATH, COSTS, default_pacing="fast")
 
 
 @pytest.mark.gpu

@@ -97,6 +97,7 @@ def run_validate(args) -> int:
     from xstage.cli import emit
     from xstage.model.data import write_csv_atomic
     from xstage.sched.costs import TaskCosts, load_default_costs
+    from xstage.sched.plan import DEFAULT_CANDIDATES
     from xstage.sched.validate import validate_moe
 
     _, params = _load_path_params(args.profile)
@@ -106,7 +107,9 @@ def run_validate(args) -> int:
         from xstage.bench.grid import select
 
         rows = select(rows, args.only)
-    out_rows, summary = validate_moe(rows, params, costs, progress=_progress("validate"), workers=args.workers)
+    candidates = args.candidates.split(",") if args.candidates else list(DEFAULT_CANDIDATES)
+    out_rows, summary = validate_moe(rows, params, costs, candidates=candidates, default_pacing=args.default_pacing,
+                                     progress=_progress("validate"), workers=args.workers)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
@@ -151,6 +154,10 @@ def register(sub) -> None:
     v.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
     v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only matching rows")
     v.add_argument("--workers", type=int, default=1, help="processes for the simulations")
+    v.add_argument("--candidates", help="schedules a configuration needs to count for the pick "
+                   "(default: the planner's, expert_wave,interleaved,lag:1..16)")
+    v.add_argument("--default-pacing", default="auto", help="pacing of variants without an @ suffix: auto "
+                   "(today's default of the row's path) or off (results measured before the kernel paced)")
     v.add_argument("--json", action="store_true", help="print JSON")
     v.set_defaults(handler=run_validate)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

@@ -2,7 +2,9 @@
 
 For every measured (shape, tokens, EP, variant) row of the fused kernel the planner's prediction is
 computed with the given path profile, task costs and the row's store pacing (the variant's `@`
-suffix, `xstage.comm.pacing.parse_pacing`; none means the buffer default of the row's path). The
+suffix, `xstage.comm.pacing.parse_pacing`). A variant without a suffix ran with the buffer default
+of the commit that measured it: `default_pacing` says which (`auto`: today's default of the row's
+path; `off` for results measured before the kernel had pacing). The
 report gives the relative error per row, its median and p90, and per configuration and pacing whose
 every planner candidate was measured, whether the candidate the model ranks first is within the
 tolerance of the best measured one: max(3%, the best one's run-to-run spread), the spread being its
@@ -28,10 +30,10 @@ from xstage.sched.simulate import simulate_kernel
 FUSED_VARIANTS = ("expert_wave", "interleaved")
 
 
-def split_variant(variant: str) -> tuple[str, str]:
-    """`"lag:4@off"` -> (`"lag:4"`, `"off"`); no suffix -> (schedule, `"auto"`)."""
+def split_variant(variant: str, default_pacing: str = "auto") -> tuple[str, str]:
+    """`"lag:4@off"` -> (`"lag:4"`, `"off"`); no suffix -> (schedule, `default_pacing`)."""
     schedule, _, pace = variant.partition("@")
-    return schedule, pace or "auto"
+    return schedule, pace or default_pacing
 
 
 def _is_schedule(variant: str) -> bool:
@@ -50,9 +52,9 @@ def _config(row: dict) -> MoeConfig:
 
 
 def _predict_row(job) -> float:
-    row, path, costs = job
+    row, path, costs, default_pacing = job
     cfg = _config(row)
-    schedule, pace = split_variant(row["variant"])
+    schedule, pace = split_variant(row["variant"], default_pacing)
     pacing = parse_pacing(pace, row.get("path") or "host")
     work = moe_work(cfg, schedule, costs, int(row.get("ctas") or 132))
     return simulate_kernel(work, {"remote": remote_path(path, pacing)}).time_ns
@@ -107,14 +109,15 @@ def pick_accuracy(out: list[dict], candidates: Sequence[str] = DEFAULT_CANDIDATE
 
 
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, tolerance: float = 0.03,
-                 candidates: Sequence[str] = DEFAULT_CANDIDATES, progress=None, workers: int = 1
-                 ) -> tuple[list[dict], dict]:
+                 candidates: Sequence[str] = DEFAULT_CANDIDATES, default_pacing: str = "auto", progress=None,
+                 workers: int = 1) -> tuple[list[dict], dict]:
     """Per-row predictions and the summary (median/p90 error, pick accuracy)."""
+    parse_pacing(default_pacing, "host")  # a malformed spec fails here, before any simulation
     todo = [r for r in rows if _is_schedule(r.get("variant", "")) and int(r.get("ep", 0)) >= min_ep
             and r.get("time_ns") not in ("", None)]
     if not todo:
         raise InputError(f"results: no fused-kernel rows with EP >= {min_ep} to validate")
-    predicted = _map(_predict_row, [(r, path, costs) for r in todo], workers, progress)
+    predicted = _map(_predict_row, [(r, path, costs, default_pacing) for r in todo], workers, progress)
     out = []
     for r, pred in zip(todo, predicted):
         measured = float(r["time_ns"])
