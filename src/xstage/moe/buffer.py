@@ -13,6 +13,10 @@ Groups:
 - a `torch.distributed` process group: buffers are PyTorch symmetric memory; peers are reached
   through peer-relative offsets (`map(p, r) = p + base[r] - base[self]`).
 
+Store pacing (`pacing=`): `"auto"` (the default) paces the combine's remote stores where that was
+measured to pay, today the `host` path (`xstage.comm.pacing.default_pacing`); a `StorePacing` sets
+rate and budget; None stores unpaced. It can be changed between calls (`buf.pacing = ...`).
+
 Example:
     >>> from xstage.moe.buffer import BlockConfig, MoEBuffer, LoopbackGroup
     >>> buf = MoEBuffer(num_max_tokens_per_rank=64, num_experts=8, topk=2, hidden=64, intermediate=64,
