@@ -1,4 +1,5 @@
-"""`xstage plan moe`: predicted time of every candidate schedule, the pick, and a timeline plot."""
+"""`xstage plan`: predicted time of every candidate schedule of the fused MoE or Ulysses kernel, the
+pick and a timeline plot; tile-cost calibration; validation against benchmark results."""
 
 from __future__ import annotations
 
@@ -90,6 +91,60 @@ def run_calibrate(args) -> int:
     return 0
 
 
+def run_plan_ulysses(args) -> int:
+    from xstage.bench.report import markdown_table
+    from xstage.cli import emit
+    from xstage.sched.costs import TaskCosts, load_default_costs
+    from xstage.sched.ulysses import DEFAULT_EXCHANGES, UlyssesConfig, plan_ulysses
+
+    profile, params = _load_path_params(args.profile)
+    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("attention")
+    cfg = UlyssesConfig(heads=args.heads, head_dim=args.dim, tokens=args.tokens, ranks=args.ranks,
+                        batch=args.batch, grid=args.ctas)
+    cands = args.candidates.split(",") if args.candidates else list(DEFAULT_EXCHANGES)
+    rows = plan_ulysses(cfg, params, costs, cands)
+    table = [{"exchange": n, "time_us": t / 1e3, "vs_best": t / rows[0][1],
+              "stall_us_per_cta": b["stall"] / 1e3 / min(cfg.grid, cfg.tiles)} for n, t, b in rows]
+    text = (f"{cfg.heads} heads x {cfg.head_dim}, {cfg.tokens} tokens, {cfg.ranks} ranks: rank 0 has "
+            f"{cfg.local_heads} heads, {cfg.tiles} tiles on {min(cfg.grid, cfg.tiles)} programs; "
+            f"profile {profile.path}\n"
+            + markdown_table(table, list(table[0]), floatfmt=".4g") + f"\npick: {rows[0][0]}")
+    emit({"rows": table, "pick": rows[0][0]}, args.json, text)
+    return 0
+
+
+def run_attention_costs(args) -> int:
+    from xstage.bench.report import markdown_table
+    from xstage.bench.results import read_rows
+    from xstage.cli import emit
+    from xstage.sched.ulysses import attention_costs
+
+    costs = attention_costs(read_rows(args.results))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    costs.save(out / "attention-task-costs.json")
+    table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate, **costs.quality[k]}
+             for k, c in costs.kinds.items()]
+    emit(costs.to_dict(), args.json, markdown_table(table, list(table[0]))
+         + f"\nwritten to {out}/attention-task-costs.json")
+    return 0
+
+
+def _validate_ulysses(args, rows, params, out: Path) -> int:
+    from xstage.bench.report import markdown_table
+    from xstage.cli import emit
+    from xstage.model.data import write_csv_atomic
+    from xstage.sched.costs import TaskCosts, load_default_costs
+    from xstage.sched.ulysses import validate_ulysses
+
+    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("attention")
+    out_rows, summary = validate_ulysses(rows, params, costs, exchange=args.exchange)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
+    emit(summary, args.json, markdown_table([summary], list(summary)) + f"\nwritten to {out}/validation-ulysses.csv")
+    return 0
+
+
 def run_validate(args) -> int:
     from xstage.bench.plots import plot_lines
     from xstage.bench.report import markdown_table
@@ -107,6 +162,8 @@ def run_validate(args) -> int:
         from xstage.bench.grid import select
 
         rows = select(rows, args.only)
+    if rows and "heads" in rows[0]:  # a `xstage bench ulysses` CSV
+        return _validate_ulysses(args, rows, params, Path(args.out))
     candidates = args.candidates.split(",") if args.candidates else list(DEFAULT_CANDIDATES)
     out_rows, summary = validate_moe(rows, params, costs, candidates=candidates, default_pacing=args.default_pacing,
                                      progress=_progress("validate"), workers=args.workers)
@@ -138,6 +195,24 @@ def register(sub) -> None:
     m.add_argument("--plot", help="write the best candidate's timeline PNG here")
     m.add_argument("--json", action="store_true", help="print JSON")
     m.set_defaults(handler=run_plan_moe)
+    u = kinds.add_parser("ulysses", help="plan the fused Ulysses attention kernel's exchange (burst or paced)")
+    u.add_argument("--heads", type=int, required=True, help="attention heads (all ranks)")
+    u.add_argument("--dim", type=int, required=True, help="head dim")
+    u.add_argument("--tokens", type=int, required=True, help="sequence length (all ranks)")
+    u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size")
+    u.add_argument("--batch", type=int, default=1)
+    u.add_argument("--ctas", type=int, default=132, help="persistent programs (default 132)")
+    u.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
+    u.add_argument("--costs", help="attention tile costs JSON (default: the embedded H200 costs)")
+    u.add_argument("--candidates", help="comma-separated exchanges (default: burst,paced:8..64)")
+    u.add_argument("--json", action="store_true", help="print JSON")
+    u.set_defaults(handler=run_plan_ulysses)
+    a = kinds.add_parser("attention-costs", help="attention tile costs from the attention-alone rows of a "
+                         "`xstage bench ulysses` CSV (no GPU)")
+    a.add_argument("results", help="ulysses.csv written by `xstage bench ulysses`")
+    a.add_argument("-o", "--out", required=True, help="output folder (attention-task-costs.json)")
+    a.add_argument("--json", action="store_true", help="print JSON")
+    a.set_defaults(handler=run_attention_costs)
     c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
     c.add_argument("-o", "--out", required=True, help="output folder (moe-task-costs.json, moe-tiles.csv)")
     c.add_argument("--shapes", help="comma-separated shapes (default: the four benchmark shapes)")
@@ -147,8 +222,9 @@ def register(sub) -> None:
     c.add_argument("--reps", type=int, default=3, help="traced runs per shape (median)")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(handler=run_calibrate)
-    v = kinds.add_parser("validate", help="predicted vs measured MoE kernel times from `xstage bench moe` results")
-    v.add_argument("results", help="moe.csv written by `xstage bench moe`")
+    v = kinds.add_parser("validate", help="predicted vs measured kernel times from `xstage bench moe` or "
+                         "`xstage bench ulysses` results")
+    v.add_argument("results", help="moe.csv or ulysses.csv written by `xstage bench`")
     v.add_argument("-o", "--out", required=True, help="output folder (validation.csv, validation.png)")
     v.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
     v.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
@@ -158,6 +234,8 @@ def register(sub) -> None:
                    "(default: the planner's, expert_wave,interleaved,lag:1..16)")
     v.add_argument("--default-pacing", default="auto", help="pacing of variants without an @ suffix: auto "
                    "(today's default of the row's path) or off (results measured before the kernel paced)")
+    v.add_argument("--exchange", default="burst", help="Ulysses results: the exchange the fused rows ran "
+                   "(burst or paced:R)")
     v.add_argument("--json", action="store_true", help="print JSON")
     v.set_defaults(handler=run_validate)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

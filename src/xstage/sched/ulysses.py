@@ -1,0 +1,251 @@
+"""The fused Ulysses attention kernel as `KernelWork`: attention tiles and their exchange stores.
+
+After the first all-to-all a rank holds its share of the heads (rank 0: `ceil(heads / ranks)`) over
+the whole sequence. The fused
+kernel (`xstage.attention.flash`) walks its query tiles `(b, h, m)` round-robin over a persistent
+grid and sends each finished tile's rows to the rank that owns them (rows `[p*S/P, (p+1)*S/P)`
+belong to rank p); rank 0 is simulated. Two exchanges:
+
+- `burst`: a tile's rows go out in its epilogue, all at once;
+- `paced:R`: the tile is parked and sent in chunks of R rows during the next tile's key loop, one
+  chunk every `n_blocks / (n_chunks + 1)` key blocks, each program at its own phase of that period;
+  the last tile's chunks go after the loop. The task list follows the kernel: each tile is split at
+  the key blocks where a chunk of the previous tile leaves.
+
+A tile's compute time is `overhead + 4 * block_m * keys * head_dim / rate` (QK^T and PV FLOPs),
+fitted per head dim to the attention-alone kernel of the Ulysses benchmark (`attention_costs`), the
+same kernel with the exchange off: a tile costs that kernel's time over its rounds of tiles.
+
+Example:
+    cfg = UlyssesConfig(heads=24, head_dim=128, tokens=32760, ranks=8)
+    work = ulysses_work(cfg, "paced:16", load_default_costs("attention"))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from xstage.errors import InputError
+from xstage.model.params import PathParams
+from xstage.sched.calibrate import fit_kind
+from xstage.sched.costs import TaskCosts
+from xstage.sched.moe import remote_path
+from xstage.sched.simulate import simulate_kernel
+from xstage.sched.work import KernelWork, Task
+
+REMOTE = 1  # destination id of the other ranks (rank 0's own rows are local)
+EXCHANGES = ("burst", "paced")
+
+
+@dataclass(frozen=True)
+class UlyssesConfig:
+    heads: int
+    head_dim: int
+    tokens: int
+    ranks: int
+    batch: int = 1
+    block_m: int = 128
+    block_n: int = 128
+    grid: int = 132
+    elem_bytes: int = 2
+
+    def __post_init__(self):
+        for name in ("heads", "head_dim", "tokens", "ranks", "batch", "block_m", "block_n", "grid", "elem_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise InputError(f"Ulysses config {name}={v!r}: must be a positive integer")
+        if self.ranks > self.heads:
+            raise InputError(f"ranks={self.ranks}: must be <= heads={self.heads}")
+
+    @property
+    def local_heads(self) -> int:
+        """Heads of rank 0 (the layout gives the first ranks one head more when `ranks` does not divide)."""
+        return -(-self.heads // self.ranks)
+
+    @property
+    def m_tiles(self) -> int:
+        return -(-self.tokens // self.block_m)
+
+    @property
+    def tiles(self) -> int:
+        return self.batch * self.local_heads * self.m_tiles
+
+    def tile_work(self) -> float:
+        """FLOPs of one query tile against every key."""
+        return 4.0 * self.block_m * self.tokens * self.head_dim
+
+    def remote_rows(self, m: int) -> int:
+        """Rows of query tile `m` that other ranks own (rank 0 owns the first ceil(S / P) rows)."""
+        own = -(-self.tokens // self.ranks)
+        lo, hi = m * self.block_m, min((m + 1) * self.block_m, self.tokens)
+        return max(0, hi - max(lo, own))
+
+
+def cost_kind(head_dim: int, block_m: int, block_n: int) -> str:
+    return f"attention@{block_m}x{block_n}x{head_dim}"
+
+
+def parse_exchange(name: str) -> tuple[str, int]:
+    """`"burst"` -> ("burst", 0); `"paced:16"` -> ("paced", 16)."""
+    kind, _, rows = name.partition(":")
+    if kind == "burst" and not rows:
+        return kind, 0
+    if kind == "paced":
+        try:
+            r = int(rows)
+        except ValueError:
+            r = 0
+        if r >= 1 and not r & (r - 1):
+            return kind, r
+    raise InputError(f"exchange {name!r}: expected 'burst' or 'paced:R' with R a power of two (rows per chunk)")
+
+
+def ulysses_work(cfg: UlyssesConfig, exchange: str, costs: TaskCosts | None, tile_ns: float | None = None
+                 ) -> KernelWork:
+    """Rank 0's fused kernel as per-program task lists (see module docstring). `tile_ns` (optional)
+    replaces the fitted tile cost, e.g. by the measured attention-alone time of this configuration."""
+    kind, chunk_rows = parse_exchange(exchange)
+    if tile_ns is None:
+        if costs is None:
+            raise InputError("ulysses_work: give task costs or tile_ns")
+        tile_ns = costs.cost(cost_kind(cfg.head_dim, cfg.block_m, cfg.block_n)).time_ns(cfg.tile_work())
+    row_bytes = cfg.head_dim * cfg.elem_bytes
+    n_blocks = max(1, cfg.tokens // cfg.block_n)
+    progs = min(cfg.grid, cfg.tiles)
+    ctas: list[list[Task]] = [[] for _ in range(progs)]
+    for pid in range(progs):
+        tiles = range(pid, cfg.tiles, progs)
+        if kind == "burst":
+            ctas[pid] = [Task(f"t{t}", tile_ns, stores=_remote(cfg.remote_rows(t % cfg.m_tiles) * row_bytes),
+                              kind="attention") for t in tiles]
+            continue
+        n_chunks = cfg.block_m // min(chunk_rows, cfg.block_m)
+        rows = min(chunk_rows, cfg.block_m)
+        pace = max(n_blocks // (n_chunks + 1), 1)
+        phase = pid % pace
+        block_ns = tile_ns / n_blocks
+        prev = None
+        tasks: list[Task] = []
+        for t in tiles:
+            # Chunk j of the previous tile leaves at key block j * pace + phase of this tile.
+            cut = 0
+            for j in range(n_chunks if prev is not None else 0):
+                at = min(j * pace + phase, n_blocks)
+                tasks.append(Task(f"t{t}.{j}", (at - cut) * block_ns, stores=_remote(_chunk(cfg, prev, j, rows)
+                                                                                     * row_bytes), kind="attention"))
+                cut = at
+            tasks.append(Task(f"t{t}.end", tile_ns - cut * block_ns, kind="attention"))
+            prev = t
+        if prev is not None:
+            tasks += [Task(f"t{prev}.tail{j}", 0.0, stores=_remote(_chunk(cfg, prev, j, rows) * row_bytes))
+                      for j in range(n_chunks)]
+        ctas[pid] = tasks
+    return KernelWork(ctas=ctas, dest_path={REMOTE: "remote"})
+
+
+def _remote(nbytes: int) -> dict[int, int]:
+    return {REMOTE: int(nbytes)} if nbytes > 0 else {}
+
+
+def _chunk(cfg: UlyssesConfig, tile: int, j: int, rows: int) -> int:
+    """Remote rows in chunk j of `tile`."""
+    m = tile % cfg.m_tiles
+    own = -(-cfg.tokens // cfg.ranks)
+    lo = m * cfg.block_m + j * rows
+    hi = min(lo + rows, cfg.tokens)
+    return max(0, hi - max(lo, own))
+
+
+def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128) -> TaskCosts:
+    """Per-head-dim tile costs fitted to the attention-alone rows of a `xstage bench ulysses` CSV.
+
+    A row's kernel runs `ceil(tiles / grid)` rounds of tiles on every program, so one tile costs
+    its time over that; `overhead_ns + work / rate` is fitted per head dim over every row."""
+    by_dim: dict[int, list[tuple[float, float]]] = {}
+    for r in rows:
+        if r.get("variant") != "attention":
+            continue
+        try:
+            cfg = UlyssesConfig(heads=int(r["heads"]), head_dim=int(r["dim"]), tokens=int(r["tokens"]),
+                                ranks=int(r["P"]), block_m=int(r.get("block_m") or block_m),
+                                block_n=int(r.get("block_n") or block_n), grid=int(r.get("grid") or 132))
+            rounds = math.ceil(cfg.tiles / cfg.grid)
+            by_dim.setdefault(cfg.head_dim, []).append((cfg.tile_work(), float(r["sender_ns"]) / rounds))
+        except (KeyError, ValueError) as exc:
+            raise InputError(f"Ulysses results row {r.get('heads')}x{r.get('dim')}/{r.get('tokens')}: "
+                             f"malformed ({exc})") from None
+    if not by_dim:
+        raise InputError("Ulysses results: no 'attention' rows to calibrate tile costs from")
+    kinds, quality = {}, {}
+    for d, pts in sorted(by_dim.items()):
+        w, t = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
+        k = fit_kind(w, t)
+        kinds[cost_kind(d, block_m, block_n)] = k
+        err = np.abs((k.overhead_ns + w / k.rate) / t - 1)
+        quality[cost_kind(d, block_m, block_n)] = {"points": len(pts), "median_abs_rel_error": float(np.median(err)),
+                                                   "max_abs_rel_error": float(err.max())}
+    return TaskCosts("attention", kinds, {"source": "attention-alone rows of a Ulysses benchmark CSV"}, quality)
+
+
+DEFAULT_EXCHANGES = ("burst", "paced:8", "paced:16", "paced:32", "paced:64")
+
+
+def plan_ulysses(cfg: UlyssesConfig, path: PathParams, costs: TaskCosts,
+                 candidates: Sequence[str] = DEFAULT_EXCHANGES) -> list[tuple[str, float, dict]]:
+    """(exchange, predicted kernel ns, breakdown) of every candidate, fastest first."""
+    out = []
+    for name in candidates:
+        res = simulate_kernel(ulysses_work(cfg, name, costs), {"remote": remote_path(path)})
+        out.append((name, res.time_ns, res.breakdown()))
+    return sorted(out, key=lambda r: r[1])
+
+
+def _row_config(r: dict) -> UlyssesConfig:
+    try:
+        return UlyssesConfig(heads=int(r["heads"]), head_dim=int(r["dim"]), tokens=int(r["tokens"]),
+                             ranks=int(r["P"]), block_m=int(r.get("block_m") or 128),
+                             block_n=int(r.get("block_n") or 128), grid=int(r.get("grid") or 132))
+    except (KeyError, ValueError) as exc:
+        raise InputError(f"Ulysses results row {r.get('heads')}x{r.get('dim')}/{r.get('tokens')}: "
+                         f"malformed ({exc})") from None
+
+
+def validate_ulysses(rows: list[dict], path: PathParams, costs: TaskCosts, exchange: str = "burst"
+                     ) -> tuple[list[dict], dict]:
+    """Predicted vs measured fused kernel (sender) time of every `fused` row, which ran `exchange`.
+
+    Each row is predicted twice: with the fitted tile costs (`predicted_ns`, no timing of that
+    configuration) and with its own attention-alone time as the tile cost (`predicted_exchange_ns`:
+    what the exchange model adds to a measured compute)."""
+    attn = {(r["heads"], r["dim"], r["tokens"], r["P"]): float(r["sender_ns"]) for r in rows
+            if r.get("variant") == "attention" and r.get("sender_ns") not in ("", None)}
+    out = []
+    for r in rows:
+        if r.get("variant") != "fused" or r.get("sender_ns") in ("", None):
+            continue
+        cfg = _row_config(r)
+        p = remote_path(path)
+        pred = simulate_kernel(ulysses_work(cfg, exchange, costs), {"remote": p}).time_ns
+        a = attn.get((r["heads"], r["dim"], r["tokens"], r["P"]))
+        pred_x = math.nan
+        if a is not None:
+            tile = a / math.ceil(cfg.tiles / min(cfg.grid, cfg.tiles))
+            pred_x = simulate_kernel(ulysses_work(cfg, exchange, None, tile_ns=tile), {"remote": p}).time_ns
+        m = float(r["sender_ns"])
+        out.append({"heads": cfg.heads, "dim": cfg.head_dim, "tokens": cfg.tokens, "P": cfg.ranks,
+                    "exchange": exchange, "measured_ns": m, "attention_ns": a if a is not None else math.nan,
+                    "predicted_ns": pred, "rel_error": pred / m - 1, "predicted_exchange_ns": pred_x,
+                    "rel_error_exchange": pred_x / m - 1})
+    if not out:
+        raise InputError("Ulysses results: no 'fused' rows to validate")
+    e = np.abs([o["rel_error"] for o in out])
+    ex = np.abs([o["rel_error_exchange"] for o in out if not math.isnan(o["rel_error_exchange"])])
+    summary = {"rows": len(out), "median_abs_rel_error": float(np.median(e)), "p90_abs_rel_error":
+               float(np.quantile(e, 0.9)), "median_abs_rel_error_measured_tiles":
+               float(np.median(ex)) if len(ex) else math.nan,
+               "p90_abs_rel_error_measured_tiles": float(np.quantile(ex, 0.9)) if len(ex) else math.nan}
+    return out, summary
