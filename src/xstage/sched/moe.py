@@ -91,7 +91,8 @@ HELD_STORE_WINDOW = 16.0  # bytes: one vector store
 
 
 def remote_path(params: PathParams, pacing: StorePacing | None = None) -> PathParams:
-    """The store path as the MoE kernel's tasks meet it: without a per-SM window, and with `pacing`
+    """The store path as a persistent kernel's tasks meet it (the MoE kernel's, and the Ulysses
+    kernel's in `xstage.sched.ulysses`): without a per-SM window, and with `pacing`
     (`xstage.comm.pacing`) a leaky bucket of the pacing budget drained at the pacing rate.
 
     The probe's compute gaps are FMA chains, which run while the SM still holds up to `c_sm` of its
