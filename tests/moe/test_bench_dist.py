@@ -19,7 +19,7 @@ from xstage.errors import InputError
 from xstage.moe import reference_moe_virtual
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-SCHEDULES = ("expert_wave", "lag:1", "interleaved")
+SCHEDULES = ("expert_wave", "lag:1", "interleaved", "lag:1@40:64")  # the last one with paced stores
 
 
 def test_peer_grid_is_the_ep_slice_of_the_grid():
@@ -53,6 +53,7 @@ def _check(out, device, dtype, tol):
     rows = read_rows(out / "moe.csv")
     assert [r["variant"] for r in rows] == [*SCHEDULES, "unfused"]
     assert all(r["path"] == "peer" and r["ep"] == "2" and float(r["time_ns"]) > 0 for r in rows)
+    assert all(float(r["time_p10_ns"]) <= float(r["time_ns"]) <= float(r["time_p90_ns"]) for r in rows[:-1])
     assert all(float(r["max_err"]) < tol for r in rows[:-1])  # fused vs unfused, first run
     assert "Path `peer`" in (out / "summary.md").read_text()
     (shape, dims), T = next(iter(TINY_SHAPES.items())), TINY_TOKENS[0]

@@ -62,6 +62,7 @@ from xstage.bench.moe import (
     time_main_and_reduce,
 )
 from xstage.bench.results import ResultWriter, read_rows
+from xstage.comm.pacing import parse_pacing
 from xstage.errors import InputError, XstageError
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -231,7 +232,8 @@ def _median(v: list[float]) -> float:
 
 
 def time_fused_peer(pb: PeerProblem, grp: PeerGroup, p, warmup: int, rep: int):
-    """Main and reduce kernel medians (ns) of a planned schedule, and the first run's output."""
+    """Main kernel timing (median, p10, p90 ns), reduce median ns of a planned schedule, and the first
+    run's output."""
     from xstage.moe.fused import launch_main, launch_reduce
 
     y0 = torch.empty_like(pb.x)
@@ -244,7 +246,7 @@ def time_fused_peer(pb: PeerProblem, grp: PeerGroup, p, warmup: int, rep: int):
             _sync()
             pb.buf.check()
     main, red = time_main_and_reduce(pb, p, torch.empty_like(pb.x), rep, before_each=grp.barrier)
-    return main.median_ns, red, y0
+    return main, red, y0
 
 
 class PeerUnfused:
@@ -345,7 +347,9 @@ def run_peer_config(c: dict, grp: PeerGroup, schedules, writer: ResultWriter | N
     for s in schedules:
         p, err = None, ""
         try:
-            p = plan(pb.idx, pb.buf, s)
+            schedule, _, pace = s.partition("@")  # SCHEDULE[@PACING], as in `xstage bench moe`
+            pb.buf.pacing = parse_pacing(pace, pb.buf.store_path) if pace else "auto"
+            p = plan(pb.idx, pb.buf, schedule)
         except (InputError, RuntimeError, ValueError) as exc:
             err = f"{type(exc).__name__}: {exc}"
         if not grp.all_ok(p is not None):
@@ -362,14 +366,15 @@ def run_peer_config(c: dict, grp: PeerGroup, schedules, writer: ResultWriter | N
     if dump is not None:
         dump.update({(shape, T, s): y.cpu() for s, y in outs.items()})
         dump[(shape, T, "unfused")] = y_un.cpu()
-    flat = [v for _, m, r, _ in measured for v in (m, r)] + [u_main, u_red] + errs + [0.0 if same else 1.0]
-    flat = grp.max_all(flat)
+    flat = [v for _, m, r, _ in measured for v in (m.median_ns, m.p10_ns, m.p90_ns, r)]
+    flat = grp.max_all(flat + [u_main, u_red] + errs + [0.0 if same else 1.0])  # the slowest rank counts
     n = len(measured)
     rows = []
     for i, (s, _, _, ctas) in enumerate(measured):
-        rows.append(dict(base, variant=s, time_ns=flat[2 * i], reduce_ns=flat[2 * i + 1], ctas=ctas,
-                         max_err=flat[2 * n + 2 + i]))
-    rows.append(dict(base, variant="unfused", time_ns=flat[2 * n], reduce_ns=flat[2 * n + 1], ctas="", max_err=""))
+        med, p10, p90, red = flat[4 * i: 4 * i + 4]
+        rows.append(dict(base, variant=s, time_ns=med, time_p10_ns=p10, time_p90_ns=p90, reduce_ns=red, ctas=ctas,
+                         max_err=flat[4 * n + 2 + i]))
+    rows.append(dict(base, variant="unfused", time_ns=flat[4 * n], reduce_ns=flat[4 * n + 1], ctas="", max_err=""))
     ew = next((r["time_ns"] for r in rows if r["variant"] == "expert_wave"), None)
     for r in rows:
         r["tflops"] = pb.flops() / r["time_ns"] / 1e3
