@@ -6,6 +6,8 @@
 # MOE_PEER_MARGIN_S seconds before that. moe.csv is resumable: a second run continues the grid.
 # Usage (repository root):
 #   OUT=out MOE_PEER_BUDGET_S=180 [NPROC=2] [MOE_PEER_ARGS="--only tokens=4096"] bash benchmarks/moe_multi_gpu.sh
+# NVLink stores are unpaced by default (not measured yet); to measure pacing there add variants, e.g.
+#   MOE_PEER_ARGS="--schedules expert_wave,lag:4,lag:8,lag:4@336:128,lag:8@336:128"   (0.9 x 373 GB/s)
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
