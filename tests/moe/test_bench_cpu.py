@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from xstage.bench.moe import COLUMNS, KEYS, grid_configs, parse_block, run_config, summarize
+from xstage.bench.moe import COLUMNS, KEYS, grid_configs, parse_block, run_config
+from xstage.bench.moe_summary import summarize
 from xstage.bench.results import ResultWriter, read_rows
 from xstage.errors import InputError
 from xstage.moe import BlockConfig

@@ -58,9 +58,9 @@ from xstage.bench.moe import (
     block_for,
     grid_configs,
     routing,
-    summarize,
     time_main_and_reduce,
 )
+from xstage.bench.moe_summary import summarize
 from xstage.bench.results import ResultWriter, read_rows
 from xstage.comm.pacing import parse_pacing
 from xstage.errors import InputError, XstageError
