@@ -68,6 +68,22 @@ def store_then_load(p_dst, p_src, p_sink, p_t, store_elems, read_elems, n_rounds
 
 
 @triton.jit
+def _timed_reads(p_src, p_sink, p_t, pid, read_elems, n_rounds, RB: tl.constexpr):
+    """A reader CTA: `n_rounds` reads of its `read_elems` bf16, the mean ns per round into `p_t[pid]`."""
+    acc = tl.zeros([RB], tl.float32)
+    src = p_src + pid.to(tl.int64) * read_elems
+    s = tl.zeros([], tl.int64)
+    for _k in range(n_rounds):
+        t0 = globaltimer(True)
+        for i in range(0, read_elems, RB):
+            acc += tl.load(src + i + tl.arange(0, RB)).to(tl.float32)
+        tl.debug_barrier()
+        s += globaltimer(True) - t0
+    tl.store(p_sink + pid * RB + tl.arange(0, RB), acc)
+    tl.store(p_t + pid, s // n_rounds)
+
+
+@triton.jit
 def bystander_reads(p_dst, p_src, p_sink, p_t, n_store_ctas, store_elems, n_store_iter, read_elems, n_rounds,
                     SB: tl.constexpr, RB: tl.constexpr):
     """CTAs below `n_store_ctas` only store; the others only read, timing each 1 MiB read."""
@@ -79,17 +95,7 @@ def bystander_reads(p_dst, p_src, p_sink, p_t, n_store_ctas, store_elems, n_stor
             for i in range(0, store_elems, SB):
                 tl.store(dst + i + tl.arange(0, SB), v + k)
     else:
-        acc = tl.zeros([RB], tl.float32)
-        src = p_src + pid.to(tl.int64) * read_elems
-        s = tl.zeros([], tl.int64)
-        for _k in range(n_rounds):
-            t0 = globaltimer(True)
-            for i in range(0, read_elems, RB):
-                acc += tl.load(src + i + tl.arange(0, RB)).to(tl.float32)
-            tl.debug_barrier()
-            s += globaltimer(True) - t0
-        tl.store(p_sink + pid * RB + tl.arange(0, RB), acc)
-        tl.store(p_t + pid, s // n_rounds)
+        _timed_reads(p_src, p_sink, p_t, pid, read_elems, n_rounds, RB)
 
 
 @triton.jit
@@ -109,17 +115,7 @@ def paced_bystander_reads(p_dst, p_src, p_sink, p_t, p_clock, p_err, n_store_cta
         tl.debug_barrier()
         tl.store(p_t + pid, globaltimer(True) - t0)
     else:
-        acc = tl.zeros([RB], tl.float32)
-        src = p_src + pid.to(tl.int64) * read_elems
-        s = tl.zeros([], tl.int64)
-        for _k in range(n_rounds):
-            t0 = globaltimer(True)
-            for i in range(0, read_elems, RB):
-                acc += tl.load(src + i + tl.arange(0, RB)).to(tl.float32)
-            tl.debug_barrier()
-            s += globaltimer(True) - t0
-        tl.store(p_sink + pid * RB + tl.arange(0, RB), acc)
-        tl.store(p_t + pid, s // n_rounds)
+        _timed_reads(p_src, p_sink, p_t, pid, read_elems, n_rounds, RB)
 
 
 def run_paced_bystanders(out: Path, specs, storers=(33, 66, 99), rounds: int = 20, passes: int = 12,

@@ -177,6 +177,11 @@ def run_validate(args) -> int:
     return 0
 
 
+def _add_model_files(p) -> None:
+    p.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
+    p.add_argument("--costs", help="task costs JSON (default: the embedded H200 tile costs of the kernel)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
     kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
@@ -184,8 +189,7 @@ def register(sub) -> None:
     m.add_argument("--config", required=True, help="shape, e.g. H4096/I2048/E256/top6")
     m.add_argument("--tokens", type=int, required=True, help="tokens per rank")
     m.add_argument("--ep", type=int, required=True, help="expert-parallel group size")
-    m.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
-    m.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
+    _add_model_files(m)
     m.add_argument("--ctas", type=int, default=132, help="persistent CTAs (default 132, one per H200 SM)")
     m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:1..16)")
     m.add_argument("--block-m", help="comma-separated BLOCK_M values to try (default 128)")
@@ -202,8 +206,7 @@ def register(sub) -> None:
     u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size")
     u.add_argument("--batch", type=int, default=1)
     u.add_argument("--ctas", type=int, default=132, help="persistent programs (default 132)")
-    u.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
-    u.add_argument("--costs", help="attention tile costs JSON (default: the embedded H200 costs)")
+    _add_model_files(u)
     u.add_argument("--candidates", help="comma-separated exchanges (default: burst,paced:8..64)")
     u.add_argument("--json", action="store_true", help="print JSON")
     u.set_defaults(handler=run_plan_ulysses)
@@ -226,8 +229,7 @@ def register(sub) -> None:
                          "`xstage bench ulysses` results")
     v.add_argument("results", help="moe.csv or ulysses.csv written by `xstage bench`")
     v.add_argument("-o", "--out", required=True, help="output folder (validation.csv, validation.png)")
-    v.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
-    v.add_argument("--costs", help="task costs JSON (default: the embedded H200 MoE tile costs)")
+    _add_model_files(v)
     v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only matching rows")
     v.add_argument("--workers", type=int, default=1, help="processes for the simulations")
     v.add_argument("--candidates", help="schedules a configuration needs to count for the pick "
