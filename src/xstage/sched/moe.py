@@ -26,7 +26,7 @@ from xstage.errors import InputError
 from xstage.model.params import PathParams
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
-from xstage.sched.work import KernelWork, Task
+from xstage.sched.work import KernelWork, Task, require_positive_ints
 
 REMOTE = 1  # destination id of "other ranks" in MoE work; the local rank (0) has no store path
 
@@ -49,11 +49,8 @@ class MoeConfig:
     dynamic: bool = True  # CTAs take tasks from the global order when free (`BlockConfig.dynamic`)
 
     def __post_init__(self):
-        for name in ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep", "block_m",
-                     "block_n1", "block_n2", "block_k", "elem_bytes"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InputError(f"MoE config {name}={v!r}: must be a positive integer")
+        require_positive_ints(self, ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep",
+                                     "block_m", "block_n1", "block_n2", "block_k", "elem_bytes"), "MoE config")
         if self.num_experts % self.ep:
             raise InputError(f"num_experts={self.num_experts}: must be a multiple of ep={self.ep}")
         if self.topk > self.num_experts:

@@ -35,10 +35,9 @@ from xstage.sched.calibrate import fit_kind
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import remote_path
 from xstage.sched.simulate import simulate_kernel
-from xstage.sched.work import KernelWork, Task
+from xstage.sched.work import KernelWork, Task, require_positive_ints
 
 REMOTE = 1  # destination id of the other ranks (rank 0's own rows are local)
-EXCHANGES = ("burst", "paced")
 
 
 @dataclass(frozen=True)
@@ -54,10 +53,8 @@ class UlyssesConfig:
     elem_bytes: int = 2
 
     def __post_init__(self):
-        for name in ("heads", "head_dim", "tokens", "ranks", "batch", "block_m", "block_n", "grid", "elem_bytes"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise InputError(f"Ulysses config {name}={v!r}: must be a positive integer")
+        require_positive_ints(self, ("heads", "head_dim", "tokens", "ranks", "batch", "block_m", "block_n", "grid",
+                                     "elem_bytes"), "Ulysses config")
         if self.ranks > self.heads:
             raise InputError(f"ranks={self.ranks}: must be <= heads={self.heads}")
 

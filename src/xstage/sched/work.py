@@ -21,6 +21,14 @@ from dataclasses import dataclass, field
 from xstage.errors import InputError
 
 
+def require_positive_ints(obj, names, what: str) -> None:
+    """Raise `InputError` unless every attribute `names` of `obj` is an int >= 1 (configs' checks)."""
+    for name in names:
+        v = getattr(obj, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InputError(f"{what} {name}={v!r}: must be a positive integer")
+
+
 @dataclass(frozen=True)
 class Task:
     name: str
