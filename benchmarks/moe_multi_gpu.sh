@@ -5,10 +5,17 @@
 # The torchrun step is killed after MOE_PEER_BUDGET_S seconds; it stops starting configurations
 # MOE_PEER_MARGIN_S seconds before that. moe.csv is resumable: a second run continues the grid.
 # Usage (repository root):
-#   OUT=out MOE_PEER_BUDGET_S=180 [NPROC=2] [MOE_PEER_ARGS="--only tokens=4096"] bash benchmarks/moe_multi_gpu.sh
+#   XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) OUT=out MOE_PEER_BUDGET_S=180 [NPROC=2] \
+#     [MOE_PEER_ARGS="--only tokens=4096"] bash benchmarks/moe_multi_gpu.sh
 # NVLink stores are unpaced by default (not measured yet); to measure pacing there add variants, e.g.
 #   MOE_PEER_ARGS="--schedules expert_wave,lag:4,lag:8,lag:4@336:128,lag:8@336:128"   (0.9 x 373 GB/s)
 set -u
+if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
+  echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
+    "XSTAGE_GIT_COMMIT=\$(git rev-parse --short=12 HEAD) bash $0" >&2
+  exit 2
+fi
+export XSTAGE_GIT_COMMIT
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}

@@ -3,16 +3,19 @@
 # NVLink against the serial baselines, for the grid's shapes and sequence lengths with P = the GPU count.
 # Prints the topology, then measures as much of the grid as BUDGET_S allows (resumable: run again with
 # the same OUT to continue). Results in $OUT/ulysses-peer/: topo.txt, run.log, ulysses_peer.csv, summary.md.
-#   usage (repository root): OUT=out BUDGET_S=150 bash benchmarks/ulysses_multi_gpu.sh [--only KEY=V1,V2]...
+#   usage (repository root): XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) OUT=out BUDGET_S=150 \
+#     bash benchmarks/ulysses_multi_gpu.sh [--only KEY=V1,V2]...
 #   NPROC (default: every visible GPU), WARMUP (1), REP (7).
 set -uo pipefail
+if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
+  echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
+    "XSTAGE_GIT_COMMIT=\$(git rev-parse --short=12 HEAD) bash $0" >&2
+  exit 2
+fi
+export XSTAGE_GIT_COMMIT
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then
-  XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
-fi
-export XSTAGE_GIT_COMMIT
 OUT=${OUT:-out}
 RES="$OUT/ulysses-peer"
 BUDGET_S=${BUDGET_S:-150}
@@ -37,7 +40,7 @@ echo "torchrun rc=$rc in $(( $(date +%s) - start )) s (124: stopped by the ${BUD
 sed '/^# Ulysses attention/,$d' "$RES/run.log" | grep -v "OMP_NUM_THREADS\|^W.*run.py.*\*\*\*\|run.py:[0-9]*\] *$" | tail -n 40
 # the summary again, in case the time limit ended the run before rank 0 wrote it
 if [ -f "$RES/ulysses_peer.csv" ]; then
-  python3 -m xstage.bench.ulysses_dist -o "$RES" --report-only > /dev/null && cat "$RES/summary.md"
+  python3 -m xstage.bench.ulysses_dist -o "$RES" --summarize-only > /dev/null && cat "$RES/summary.md"
 fi
 ls -la "$RES"
 exit $rc

@@ -3,10 +3,12 @@
 Entry points: `ulysses_attention` / `UlyssesAttention` / `flash_attention` (fused Ulysses attention),
 `xstage.moe.fused_moe` (the fused MoE layer), `xstage.model` (the Burst-Gap model and profiles),
 `xstage.sched` (schedule prediction and planning), `xstage.comm` (buffers, signals, device helpers).
-Heavy modules load on first use, so `import xstage` stays cheap.
+`import xstage` loads the planner, which registers the `model_guided` MoE schedule; attention loads on
+first use.
 """
 
-__version__ = "0.1.0"
+from xstage import sched
+from xstage.version import __version__
 
 _LAZY = {
     "ulysses_attention": "xstage.attention",
@@ -23,4 +25,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'xstage' has no attribute {name!r}")
 
 
-__all__ = ["UlyssesAttention", "__version__", "flash_attention", "ulysses_attention"]
+__all__ = ["UlyssesAttention", "__version__", "flash_attention", "sched", "ulysses_attention"]

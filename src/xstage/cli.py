@@ -1,27 +1,23 @@
 """The `xstage` command. Each capability registers its subcommands from its own `commands.py`.
 
-A module in COMMAND_MODULES exposes `register(subparsers)`; each subcommand's handler takes the
-parsed arguments and returns an exit code. User errors (`XstageError`) print one line and exit 2.
+Every command module exposes `register(subparsers)`; each subcommand's handler takes the parsed
+arguments and returns an exit code. User errors (`XstageError`) print one line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import sys
 
-from xstage import __version__
+from xstage import demo, env_commands
+from xstage.bench import commands as bench_commands
+from xstage.bench import moe as bench_moe
+from xstage.bench import ulysses as bench_ulysses
 from xstage.errors import XstageError
-
-COMMAND_MODULES = [
-    "xstage.env_commands",
-    "xstage.probe.commands",
-    "xstage.bench.commands",
-    "xstage.model.commands",
-    "xstage.sched.commands",
-    "xstage.demo",
-]
+from xstage.model import commands as model_commands
+from xstage.probe import commands as probe_commands
+from xstage.sched import commands as sched_commands
+from xstage.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,14 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"xstage {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    env_commands.register(sub)
+    probe_commands.register(sub)
+    bench_commands.register(sub, (bench_ulysses, bench_moe))
+    model_commands.register(sub)
+    sched_commands.register(sub)
+    demo.register(sub)
     return parser
-
-
-def emit(payload, as_json: bool, text: str) -> None:
-    """Print `text` for people or `payload` as JSON for scripts."""
-    print(json.dumps(payload, indent=2, default=str) if as_json else text)
 
 
 def main(argv: list[str] | None = None) -> int:

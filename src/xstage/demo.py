@@ -9,13 +9,31 @@ markdown report into the output folder.
 from __future__ import annotations
 
 import math
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
+from xstage.comm.pacing import spec_of
 from xstage.errors import InputError
+from xstage.model import (
+    load_default_profile,
+    load_reference_data,
+    plot_issue_vs_burst,
+    plot_issue_vs_gap,
+    predict,
+    read_observations,
+)
+from xstage.model.params import PARAM_UNITS
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.schedule import CANDIDATES
+from xstage.results import emit, markdown_table
+from xstage.sched.costs import load_default_costs
+from xstage.sched.moe import MoeConfig
+from xstage.sched.plan import plan_moe
+from xstage.sched.timeline import plot_timeline
 
-_PLAN_CONFIG = ("H4096/I2048/E256/top6", 2048, 8)
+_PLAN_CONFIG = ("H4096-I2048-E256-K6", 2048, 8)
 
 
 def _fmt_value(v: float, unit: str) -> str:
@@ -31,7 +49,6 @@ def _fmt_value(v: float, unit: str) -> str:
 
 
 def _param_rows(profile) -> list[dict]:
-    from xstage.model.params import PARAM_UNITS
 
     rows = []
     for name, value in profile.params.to_dict().items():
@@ -49,9 +66,7 @@ def _param_rows(profile) -> list[dict]:
 
 def _data_for(profile):
     """The measurements the profile was fitted to, when they ship with the package."""
-    from importlib import resources
 
-    from xstage.model import load_reference_data, read_observations
 
     name = str(profile.provenance.get("packaged_data") or Path(str(profile.provenance.get("data_file", ""))).name)
     ref = resources.files("xstage.data").joinpath(name) if name else None
@@ -61,10 +76,6 @@ def _data_for(profile):
 
 
 def _plan_section(profile, out: Path) -> tuple[list[dict], str | None, str]:
-    from xstage.sched.costs import load_default_costs
-    from xstage.sched.moe import MoeConfig
-    from xstage.sched.plan import plan_moe
-    from xstage.sched.timeline import plot_timeline
 
     shape, tokens, ep = _PLAN_CONFIG
     try:
@@ -72,21 +83,21 @@ def _plan_section(profile, out: Path) -> tuple[list[dict], str | None, str]:
     except InputError as exc:
         return [], None, f"planning skipped: {exc}"
     cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=ep)
-    rows = plan_moe(cfg, profile.params, costs, num_ctas=132,
-                    candidates=("expert_wave", "interleaved", "lag:1", "lag:2", "lag:4"))
+    ctas = profile.sm_count
+    # What `xstage plan moe` plans by default: every candidate, with the kernel's default ("auto") pacing.
+    pacing = resolve_pacing("auto", profile.path, ep)
+    rows = plan_moe(cfg, profile.params, costs, num_ctas=ctas, candidates=CANDIDATES, pacing=pacing)
     wave = next(r for r in rows if r.schedule == "expert_wave")
     table = [{"schedule": r.schedule, "predicted_us": r.time_ns / 1e3,
               "speedup_vs_expert_wave": wave.time_ns / r.time_ns,
-              "stall_us_per_cta": r.breakdown["stall"] / 1e3 / 132} for r in rows]
+              "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas} for r in rows]
     png = plot_timeline(rows[0].result, out / "plan_timeline.png",
                         title=f"{shape} T={tokens} EP={ep} over {profile.path}: {rows[0].schedule} (predicted)")
-    return table, str(png), f"{shape}, {tokens} tokens/rank, EP={ep}, 132 CTAs, remote stores over `{profile.path}`"
+    return table, str(png), (f"{shape}, {tokens} tokens/rank, EP={ep}, {ctas} CTAs, remote stores over "
+                             f"`{profile.path}`, store pacing {spec_of(pacing)} (GB/s:KiB)")
 
 
 def run_demo(args) -> int:
-    from xstage.bench.report import markdown_table
-    from xstage.cli import emit
-    from xstage.model import load_default_profile, plot_issue_vs_burst, plot_issue_vs_gap, predict
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from xstage.env import environment, has_gpu, peer_access_matrix
+from xstage.results.output import emit
 
 
 def _symm_mem_backend() -> str:
@@ -20,7 +21,6 @@ def _symm_mem_backend() -> str:
 
 
 def run_env(args) -> int:
-    from xstage.cli import emit
 
     info = dict(environment())
     info["symm_mem_backend"] = _symm_mem_backend()

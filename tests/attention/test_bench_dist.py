@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from xstage.bench import ResultWriter, read_rows
 from xstage.bench import ulysses_dist as ud
 from xstage.errors import InputError
+from xstage.results import ResultWriter, read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_VARIANTS = set(ud.VARIANTS)
@@ -81,7 +81,7 @@ def test_two_ranks_under_torchrun(tmp_path):
         if key == (4, 16, 40):
             continue
         f = v["fused"]
-        assert f["path"] == "peer" and f["P"] == "2" and f["backend"] == "gloo" and f["dtype"] == "float16"
+        assert f["path"] == "peer" and f["P"] == "2" and f["backend"] == "gloo" and f["dtype"] == "fp16"
         assert f["epilogue"] in ("paced", "burst")
         assert f["exchange_ok"] == "1" and float(f["rel_err"]) <= 1e-2, (key, f)
         for name in ("serial_triton", "serial_cudnn", "fused"):

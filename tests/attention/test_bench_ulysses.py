@@ -3,8 +3,8 @@
 import pytest
 
 from xstage.attention.flash import FlashConfig
-from xstage.bench import ResultWriter, select
 from xstage.bench import ulysses as bu
+from xstage.results import ResultWriter, select
 
 
 def test_grid_covers_the_issue_grid():

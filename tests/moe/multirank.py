@@ -4,6 +4,8 @@ import os
 
 import torch
 
+from xstage.dtypes import parse_dtype
+
 SCHEDULES = ("expert_wave", "lag:1")
 
 
@@ -29,7 +31,7 @@ def moe_worker(rank, world, init_file, shape, dtype_name, result_file):
     from xstage.moe import BlockConfig, MoEBuffer, fused_moe, reference_moe_dist, transform_weights
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dtype = getattr(torch, dtype_name)
+    dtype = parse_dtype(dtype_name)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     msg = "not run"
     try:

@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from xstage.bench.moe import COLUMNS, KEYS, grid_configs, parse_block, run_config
+from xstage.bench.moe import COLUMNS, KEYS, grid_configs, run_config
 from xstage.bench.moe_summary import summarize
-from xstage.bench.results import ResultWriter, read_rows
 from xstage.errors import InputError
 from xstage.moe import BlockConfig
+from xstage.moe.problem import parse_block
+from xstage.results.io import ResultWriter, read_rows
 
 
 def test_grid_has_84_plus_8_configurations():
@@ -51,16 +52,6 @@ def test_pacing_variants_get_their_own_rows_and_section(tmp_path):
     assert "Best paced schedule per configuration over unpaced `expert_wave`" in text
     with pytest.raises(InputError, match="pacing"):
         run_config(row, "host", ("lag:1@fast",), None, warmup=0, rep=1, log=lambda m: None)
-
-
-def test_sync_helper_synchronises(monkeypatch):
-    import xstage.bench.moe as bm
-
-    calls = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(1))
-    bm._sync()
-    assert calls == [1]
 
 
 def test_parse_block_reads_variant_flags_and_fits_bn2():

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from xstage.bench.moe_dist import TINY_SHAPES, TINY_TOKENS, main, make_inputs, peer_configs
-from xstage.bench.results import read_rows
 from xstage.errors import InputError
 from xstage.moe import reference_moe_virtual
+from xstage.results import read_rows
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 SCHEDULES = ("expert_wave", "lag:1", "interleaved", "lag:1@40:64")  # the last one with paced stores

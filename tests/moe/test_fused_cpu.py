@@ -112,6 +112,12 @@ def test_store_pacing_claims_every_remote_byte_once(R, block_n2):
     remote_rows = sum(int((((idx + q * el) % E) // el == 0).sum()) for q in range(1, R))
     assert remote_rows > 0
     assert int(buf.pace_clock) == remote_rows * H * 2
+    # A call's own pacing overrides the buffer's default, which stays as constructed.
+    y_off = fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved", pacing="off")
+    assert int(buf.pace_clock) == remote_rows * H * 2 and torch.equal(y_off, y)
+    fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved", pacing="1:0")  # 1 GB/s: 1 ns per byte again
+    assert int(buf.pace_clock) == 2 * remote_rows * H * 2
+    assert buf.pacing == StorePacing(rate=1e9, budget=0)
 
 
 def test_pacing_defaults_and_bad_values():
@@ -119,12 +125,19 @@ def test_pacing_defaults_and_bad_values():
     assert host.pacing is not None and host.pacing.rate < 60e9  # paced below the host link's drain
     hbm = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="hbm"), device="cpu", dtype=torch.float16, config=CFG)
     assert hbm.pacing is None
-    with pytest.raises(InputError, match="pacing="):
-        host.pacing = 5e10
+    for bad in (5e10, "fast", "50"):
+        with pytest.raises(InputError, match="pacing"):
+            MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16,
+                      config=CFG, pacing=bad)
     with pytest.raises(InputError, match="StorePacing.rate"):
         StorePacing(rate=1e6, budget=0)
-    host.pacing = None
-    assert host.pacing is None
+    with pytest.raises(AttributeError):  # the buffer's default is fixed at construction; a call overrides it
+        host.pacing = None
+    off = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16,
+                    config=CFG, pacing="off")
+    assert off.pacing is None
+    assert MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16,
+                     config=CFG, pacing="50:128").pacing == StorePacing(rate=50e9, budget=128 * 1024)
 
 
 def test_silent_peer_raises_timeout_not_hang():

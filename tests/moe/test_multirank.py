@@ -11,10 +11,10 @@ from tests.moe.multirank import run_ranks
 
 @pytest.mark.slow
 def test_two_ranks_cpu_fp16(tmp_path):
-    assert run_ranks(tmp_path, 2, (6, 4, 2, 64, 32), "float16") == ["ok", "ok"]
+    assert run_ranks(tmp_path, 2, (6, 4, 2, 64, 32), "fp16") == ["ok", "ok"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_share_one_gpu_bf16(tmp_path, world):
-    assert run_ranks(tmp_path, world, (40, 8, 2, 256, 128), "bfloat16") == ["ok"] * world
+    assert run_ranks(tmp_path, world, (40, 8, 2, 256, 128), "bf16") == ["ok"] * world

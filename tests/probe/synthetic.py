@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from xstage.bench.results import ResultWriter
 from xstage.model.data import LONG_COLUMNS
 from xstage.model.params import PathParams
 from xstage.model.simulate import simulate_bursts
 from xstage.probe.runner import CONFIG_COLUMNS
 from xstage.probe.sweeps import plan
+from xstage.results.io import ResultWriter
 
 TRUE = PathParams(r0=50e9, c_sm=96 * 1024, drain=52.5e9, capacity=4.5 * 2**20, t0=80.0, latency=1500.0)
 NS_PER_GAP_ITER = 2.0

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tests.comm.ranks import run_ranks
-from xstage.bench.results import read_rows
 from xstage.errors import InputError
 from xstage.model.data import LONG_COLUMNS
 from xstage.probe.session import measure
+from xstage.results.io import read_rows
 
 from .peer_worker import measure_worker
 

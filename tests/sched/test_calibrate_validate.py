@@ -26,7 +26,7 @@ def _row(cfg: MoeConfig, schedule: str, time_ns: float, spread: float = 0.0) -> 
 
 
 def test_validation_reports_errors_and_pick_accuracy():
-    cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
+    cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
     # The validation simulates the remote path as the kernel's tasks meet it (`remote_path`), unpaced
     # for `@off` variants.
     pred = {s: simulate_kernel(moe_work(cfg, s, COSTS, 8), {"remote": remote_path(SLOW_PATH)}).time_ns
@@ -53,7 +53,7 @@ def test_validation_reports_errors_and_pick_accuracy():
 
 
 def test_validation_predicts_paced_variants_with_the_pacing_bucket():
-    cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
+    cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
     slow = StorePacing(rate=2e9, budget=64 * 1024)  # far below SLOW_PATH's drain: the paced kernel takes longer
     rows = [_row(cfg, "lag:1@off", 1e6), _row(cfg, f"lag:1@{spec_of(slow)}", 1e6)]
     out, _ = validate_moe(rows, SLOW_PATH, COSTS, candidates=("lag:1",))
@@ -90,7 +90,7 @@ def test_fetch_ns_is_added_to_every_task_and_round_trips(tmp_path):
 
     from xstage.sched.costs import TaskCosts
 
-    cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=64, ep=2, block_m=64, block_n1=64, block_n2=128)
+    cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=64, ep=2, block_m=64, block_n1=64, block_n2=128)
     plain = moe_work(cfg, "lag:1", COSTS, 4)
     fetched = moe_work(cfg, "lag:1", replace(COSTS, fetch_ns=500.0), 4)
     assert all(b.compute_ns == pytest.approx(a.compute_ns + 500.0)

@@ -16,17 +16,17 @@ COSTS = TaskCosts("moe", {"dispatch": KindCost(400.0, 20.0), "linear1": KindCost
                           "linear2": KindCost(300.0, 4000.0)})
 SLOW_PATH = PathParams(r0=50e9, c_sm=64 * 1024, drain=8e9, capacity=1 << 20, t0=70.0, latency=1000.0)
 FAST_PATH = PathParams(r0=50e9, c_sm=float("inf"), drain=1e15, capacity=float("inf"), t0=70.0)
-SMALL = MoeConfig.parse("H512/I256/E16/top2", tokens_per_rank=256, ep=4, block_m=64, block_n1=64, block_n2=128)
+SMALL = MoeConfig.parse("H512-I256-E16-K2", tokens_per_rank=256, ep=4, block_m=64, block_n1=64, block_n2=128)
 
 
 def test_config_parsing_and_validation():
-    cfg = MoeConfig.parse("H4096/I2048/E256/top-6", tokens_per_rank=1024, ep=8)
+    cfg = MoeConfig.parse("H4096-I2048-E256-K6", tokens_per_rank=1024, ep=8)
     assert (cfg.hidden, cfg.intermediate, cfg.num_experts, cfg.topk, cfg.local_experts) == (4096, 2048, 256, 6, 32)
-    assert cfg.shape == "H4096/I2048/E256/top6"
+    assert cfg.shape == "H4096-I2048-E256-K6"
     with pytest.raises(InputError, match="expected H"):
         MoeConfig.parse("4096x2048", tokens_per_rank=1, ep=1)
     with pytest.raises(InputError, match="multiple of ep"):
-        MoeConfig.parse("H512/I256/E10/top2", tokens_per_rank=1, ep=4)
+        MoeConfig.parse("H512-I256-E10-K2", tokens_per_rank=1, ep=4)
 
 
 def test_synthetic_units_cover_the_routed_rows():
@@ -52,7 +52,7 @@ def test_work_stores_only_in_linear2_and_only_the_remote_share():
 def test_schedules_equal_without_backpressure_and_differ_with_it():
     """On a path that never backpressures, store placement cannot matter beyond issue cost;
     on a slow path the wave order, which concentrates the Linear-2 stores, must not win."""
-    cfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
+    cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
     fast = {r.schedule: r.time_ns for r in plan_moe(cfg, FAST_PATH, COSTS, 8, candidates=["expert_wave", "lag:1"])}
     slow = plan_moe(cfg, SLOW_PATH, COSTS, 8, candidates=["expert_wave", "interleaved", "lag:1"])
     assert all(r.time_ns >= min(fast.values()) for r in slow)
@@ -84,8 +84,8 @@ def test_model_guided_pick_is_the_planner_best():
 
     cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
     buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg)
-    pick = pick_for_moe_buffer(buf, 512, num_ctas=8)
-    mcfg = MoeConfig.parse("H1024/I512/E8/top2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
+    pick = pick_for_moe_buffer(buf, 512, num_ctas=8, pacing=buf.pacing)
+    mcfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
                            block_n2=128, block_k=32)
     assert buf.pacing is not None  # the host path is paced by default, and the planner knows it
     rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8, pacing=buf.pacing)
@@ -109,7 +109,7 @@ def test_paced_path_is_a_leaky_bucket_of_the_pacing_budget():
 def test_cli_plan_moe_takes_the_pacing(capsys):
     from xstage.cli import main
 
-    args = ["plan", "moe", "--config", "H512/I256/E16/top2", "--tokens", "256", "--ep", "4", "--ctas", "8",
+    args = ["plan", "moe", "--shape", "H512-I256-E16-K2", "--tokens", "256", "--ep", "4", "--ctas", "8",
             "--candidates", "lag:1", "--json"]
     times = {}
     for spec in ("off", "2:64"):

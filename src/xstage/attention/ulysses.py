@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from xstage.attention.flash import Exchange, FlashConfig, _check_qkv, default_config, flash_attention
 from xstage.attention.layout import (
@@ -51,6 +52,7 @@ from xstage.attention.layout import (
     unpack_out,
     unpack_qkv,
 )
+from xstage.comm import create_context
 from xstage.comm.device import use_ptx
 from xstage.comm.ulysses_signals import expected_tiles, wait_counters
 from xstage.errors import InputError
@@ -154,7 +156,6 @@ def _resolve(group, comm, mode):
         if group is not None:
             raise InputError("group, comm: pass one of them, not both")
         return comm.world, comm.rank, comm, None
-    import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise InputError("group: torch.distributed is not initialised; pass comm= (e.g. a loopback context)")
@@ -168,7 +169,6 @@ def _capturing(q: torch.Tensor) -> bool:
 
 def _gather_seq_lens(s_r: int, world: int, group) -> list[int]:
     """Every rank's token count (one small collective; pass `seq_lens` to avoid it)."""
-    import torch.distributed as dist
 
     lens: list = [None] * world
     dist.all_gather_object(lens, int(s_r), group=group)
@@ -176,7 +176,6 @@ def _gather_seq_lens(s_r: int, world: int, group) -> list[int]:
 
 
 def _group_context(group):
-    from xstage.comm import create_context
 
     name = getattr(group, "group_name", None) or str(id(group))
     if name not in _GROUP_CONTEXTS:
@@ -185,7 +184,6 @@ def _group_context(group):
 
 
 def _pre_alltoall(plan, q, k, v, group):
-    import torch.distributed as dist
 
     send = pack_qkv(plan, q, k, v)
     recv = torch.empty(sum(plan.qkv_recv_splits()), dtype=q.dtype, device=q.device)
@@ -265,7 +263,6 @@ def ulysses_attention(
             serial_loopback_exchange(plan, og, state, ctx)
             out.copy_(state.own_output())
         else:
-            import torch.distributed as dist
 
             recv = torch.empty(sum(plan.out_recv_splits()), dtype=q.dtype, device=q.device)
             send = og.transpose(0, 1).reshape(-1)  # [S, B, h_r, D] is contiguous: no copy

@@ -1,31 +1,32 @@
-"""`xstage bench <grid>`: each benchmark grid registers itself through BENCH_MODULES.
+"""`xstage bench <grid>`: the options every grid shares (`add_grid_options`) and the `bench` command.
 
-A module named here exposes `register_bench(bench_subparsers)` and adds one subcommand
-(e.g. `xstage bench moe`). Common options for grids: `add_grid_options(parser)`.
+Each grid module exposes `register_bench(bench_subparsers)` and adds one subcommand (`xstage bench
+moe`, `xstage bench ulysses`); `register` takes them as arguments so that this module imports none of
+them (they import it for `add_grid_options`).
 """
 
 from __future__ import annotations
 
-import importlib
-
-BENCH_MODULES: list[str] = [
-    "xstage.bench.ulysses",
-    "xstage.bench.moe",
-]
+WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of every grid
 
 
 def add_grid_options(p) -> None:
     """Options every grid shares: output folder, slice filter, repeat counts, JSON summary."""
     p.add_argument("-o", "--out", required=True, help="output folder (CSV, plots, summary.md); resumable")
     p.add_argument("--only", action="append", metavar="KEY=V1,V2", help="run only matching configurations")
-    p.add_argument("--warmup", type=int, default=5, help="untimed runs per configuration")
-    p.add_argument("--rep", type=int, default=30, help="timed runs per configuration (median reported)")
+    p.add_argument("--warmup", type=int, default=WARMUP, help="untimed runs per configuration (default %(default)s)")
+    p.add_argument("--rep", type=int, default=REP, help="timed runs per configuration; median, p10 and p90 are "
+                   "reported (default %(default)s)")
+    p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this many "
+                   "seconds (default: no limit); rerun to continue")
+    p.add_argument("--summarize-only", action="store_true", help="only rewrite the summary from the CSV")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
-def register(sub) -> None:
+def register(sub, grid_modules) -> None:
+    """The `bench` command with one subcommand per module of `grid_modules`."""
     p = sub.add_parser("bench", help="benchmark grids (fused kernels vs baselines)")
     grids = p.add_subparsers(dest="grid", metavar="GRID")
-    for name in BENCH_MODULES:
-        importlib.import_module(name).register_bench(grids)
+    for module in grid_modules:
+        module.register_bench(grids)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

@@ -33,11 +33,19 @@ from pathlib import Path
 
 import torch
 
+from xstage.attention.flash import FlashConfig, default_config, flash_attention
+from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
+from xstage.attention.ulysses import fused_state, loopback_gather, run_fused, serial_loopback_exchange, wait_fused
 from xstage.bench.commands import add_grid_options
-from xstage.bench.grid import select
-from xstage.bench.results import ResultWriter, read_rows
-from xstage.bench.timing import time_device
+from xstage.comm import create_context
 from xstage.errors import InputError
+from xstage.model import load_default_profile, simulate_bursts
+from xstage.results.io import ResultWriter, read_rows
+from xstage.results.output import emit
+from xstage.results.plots import plot_lines
+from xstage.results.select import select
+from xstage.results.tables import markdown_table
+from xstage.results.timing import time_device
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
@@ -90,10 +98,6 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
     """Rows for every variant of one configuration (rank `rank` of a loopback group of P)."""
     import dataclasses
 
-    from xstage.attention.flash import default_config, flash_attention
-    from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
-    from xstage.attention.ulysses import fused_state, loopback_gather, run_fused, serial_loopback_exchange, wait_fused
-    from xstage.comm import create_context
 
     H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -186,7 +190,6 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
 
 def tuned_configs(*core_csvs) -> dict:
     """The fastest Triton configuration per head dim over `core.csv` files (see `run_core`)."""
-    from xstage.attention.flash import FlashConfig
 
     best: dict[int, tuple[float, FlashConfig]] = {}
     for r in (row for path in core_csvs for row in read_rows(path)):
@@ -207,7 +210,7 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
     if not torch.cuda.is_available():
         raise InputError("bench ulysses: needs a CUDA GPU")
     out = Path(out_dir)
-    writer = ResultWriter(out / "ulysses.csv", COLUMNS, KEY_COLUMNS)
+    writer = ResultWriter(out / "ulysses.csv", COLUMNS, KEY_COLUMNS, require_commit=True)
     t_start = time.monotonic()
     for cfg in select(grid_configs(), only):
         if writer.done({**cfg, "path": path, "variant": VARIANTS[-1]}):
@@ -232,7 +235,6 @@ CORE_SHAPES = ((16384, 24, 128), (17776, 30, 64))
 
 def core_configs(dim: int):
     """Candidates per head dim (BLOCK_M, BLOCK_N, warps, stages, CTAs per SM, TMA)."""
-    from xstage.attention.flash import FlashConfig
 
     if dim >= 128:
         return [FlashConfig(128, 128, 8, 3, 1, True), FlashConfig(128, 128, 8, 3, 1, False),
@@ -245,11 +247,10 @@ def core_configs(dim: int):
 def run_core(out_dir, *, shapes=CORE_SHAPES, configs=None, warmup=3, rep=20,
              layouts=("bshd", "gathered")) -> Path:
     """Attention core (one head group over the whole sequence) against cuDNN SDPA, per config."""
-    from xstage.attention.flash import flash_attention
 
     if not torch.cuda.is_available():
         raise InputError("bench ulysses --core: needs a CUDA GPU")
-    writer = ResultWriter(Path(out_dir) / "core.csv", CORE_COLUMNS, CORE_COLUMNS[:11])
+    writer = ResultWriter(Path(out_dir) / "core.csv", CORE_COLUMNS, CORE_COLUMNS[:11], require_commit=True)
     dev = torch.device("cuda", torch.cuda.current_device())
     for (S, H, D) in shapes:
         g = torch.Generator(device=dev).manual_seed(0)
@@ -276,10 +277,11 @@ def run_core(out_dir, *, shapes=CORE_SHAPES, configs=None, warmup=3, rep=20,
                        "num_warps": c.num_warps, "num_stages": c.num_stages, "ctas_per_sm": c.ctas_per_sm,
                        "tma": int(bool(c.use_tma))}
                 try:
-                    out = flash_attention(q, k, v, config=c)
+                    launched: list = []
+                    out = flash_attention(q, k, v, config=c, launched=launched)
                     err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
                     t = time_device(lambda c=c, a=(q, k, v): flash_attention(*a, config=c), warmup=warmup, rep=rep)
-                    sass = sass_summary()
+                    sass = sass_summary(launched[0])
                 except Exception as e:  # a config that does not compile (e.g. shared memory) is a result too
                     print(f"  {layout} {c}: failed: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
@@ -293,12 +295,10 @@ def run_core(out_dir, *, shapes=CORE_SHAPES, configs=None, warmup=3, rep=20,
     return Path(out_dir) / "core.csv"
 
 
-def sass_summary() -> str:
-    """Instruction counts of the last compiled attention kernel: HGMMA (Hopper warpgroup MMA), the
-    PTX `wgmma` it came from, TMA loads (`UTMALDG`) and spills ('-' where the tools are missing)."""
-    from xstage.attention.flash import last_kernel
-
-    kernel = last_kernel()
+def sass_summary(kernel) -> str:
+    """Instruction counts of a compiled attention kernel (`flash_attention(..., launched=[])` gives it):
+    HGMMA (Hopper warpgroup MMA), the PTX `wgmma` it came from, TMA loads (`UTMALDG`) and spills ('-'
+    for no kernel, e.g. in the interpreter; 'sass unavailable' where the tools are missing)."""
     if kernel is None:
         return "-"
     parts = []
@@ -319,8 +319,6 @@ def sass_summary() -> str:
 
 def write_report(out_dir) -> Path:
     """summary.md and plots from `ulysses.csv` (and `core.csv` when present)."""
-    from xstage.bench.plots import plot_lines
-    from xstage.bench.report import markdown_table
 
     out = Path(out_dir)
     if not (out / "ulysses.csv").exists() and not (out / "core.csv").exists():
@@ -402,7 +400,6 @@ def predicted_exchange_ns(fused: dict, attention_ns: float) -> float:
     bursts through the path profile; the prediction is the completion time of the last byte minus
     the compute alone. NaN where `xstage.model` has no profile for the path."""
     try:
-        from xstage.model import load_default_profile, simulate_bursts
 
         params = load_default_profile(fused["path"]).params
     except Exception:  # no model or no profile for this path: the summary prints '-'
@@ -423,7 +420,6 @@ def predicted_exchange_ns(fused: dict, attention_ns: float) -> float:
 
 
 def _handler(args) -> int:
-    from xstage.attention.flash import FlashConfig
 
     fc = None
     if args.block_m:
@@ -440,11 +436,10 @@ def _handler(args) -> int:
             if not shapes or any(len(t) != 3 for t in shapes):
                 raise InputError(f"--core-shapes {args.core_shapes!r}: expected TOKENSxHEADSxDIM[,...]")
         run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
-    elif not args.report_only:
+    elif not args.summarize_only:
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
-                 max_seconds=args.max_seconds, flash_cfg=fc, paced=not args.burst)
+                 max_seconds=args.budget_s, flash_cfg=fc, paced=not args.burst)
     summary = write_report(args.out)
-    from xstage.cli import emit
 
     emit({"summary": str(summary)}, args.json, summary.read_text())
     return 0
@@ -457,22 +452,13 @@ def register_bench(grids) -> None:
     p.add_argument("--core", action="store_true",
                    help="attention core vs cuDNN SDPA (16K tokens 24x128, 17776 tokens 30x64), a few configs")
     p.add_argument("--core-shapes", default=None, help="with --core: TOKENSxHEADSxDIM[,...] (default both)")
-    p.add_argument("--report-only", action="store_true", help="only redraw summary.md and plots from the CSV")
     p.add_argument("--burst", action="store_true",
                    help="fused rows with the burst epilogue (whole tiles stored at once) instead of the paced one")
-    p.add_argument("--max-seconds", type=float, default=None, help="stop starting new configurations after this")
     p.add_argument("--tuned-from", action="append", default=None,
                    help="core.csv (repeatable): use the fastest configuration per head dim")
     p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M (with the next three)")
     p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--num-warps", type=int, default=8)
     p.add_argument("--num-stages", type=int, default=3)
+    # Long sequences take up to 160 ms a run: this grid keeps fewer runs per configuration than the others.
     p.set_defaults(handler=_handler, warmup=2, rep=10)
-
-
-if __name__ == "__main__":
-    import sys
-
-    from xstage.cli import main
-
-    raise SystemExit(main(["bench", "ulysses", *sys.argv[1:]]))

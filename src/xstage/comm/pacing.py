@@ -53,13 +53,6 @@ class StorePacing:
         if not (isinstance(self.budget, (int, float)) and math.isfinite(self.budget) and self.budget >= 0):
             raise InputError(f"StorePacing.budget={self.budget!r}: must be a finite number of bytes >= 0")
 
-    @classmethod
-    def from_profile(cls, params, rate_factor: float, budget: float) -> StorePacing:
-        """Pace at `rate_factor` x the path's drain rate (a `PathParams`), `budget` bytes ahead."""
-        if not 0 < rate_factor <= 1.5:
-            raise InputError(f"rate_factor={rate_factor!r}: must be in (0, 1.5]")
-        return cls(rate=rate_factor * params.drain, budget=budget)
-
     def kernel_args(self) -> tuple[int, int]:
         """(femtoseconds per byte, budget in ns): the integers `pace_stores` takes."""
         return round(FS_PER_S / self.rate), round(self.budget / self.rate * 1e9)
@@ -69,39 +62,39 @@ class StorePacing:
         return params.replace(drain=min(params.drain, self.rate), capacity=min(params.capacity, self.budget))
 
 
-# Defaults for paths where pacing was measured to pay (`benchmarks/results/h200-moe-pacing/`: on the
-# H200 host link 0.9 x drain beat 0.8 and 1.0, and budgets of 64-128 KiB beat 256 KiB-2 MiB).
+# The pacing measured to pay on the H200 host link (`benchmarks/results/h200-moe-pacing/`: 0.9 x drain
+# beat 0.8 and 1.0, and budgets of 64-128 KiB beat 256 KiB-2 MiB). Which paths get it, and from which
+# profile's drain, is decided by the kernel that stores (`xstage.moe.pacing`): comm knows no profiles.
 DEFAULT_RATE_FACTOR = 0.9
 DEFAULT_BUDGET = 128 << 10
-PACED_PATHS = ("host",)
 
 NO_PACING = (0, 0)
+PACING_SPEC_HELP = "'off', 'auto' or RATE_GBPS:BUDGET_KIB such as '50:128'"
 
 
-def default_pacing(path: str) -> StorePacing | None:
-    """The pacing a kernel storing through `path` gets by default: on the host link, from its embedded
-    profile; none on `hbm` (no shared level to fill) and on `peer` (not measured there yet)."""
-    if path not in PACED_PATHS:
-        return None
-    from xstage.model import load_default_profile
-
-    return StorePacing.from_profile(load_default_profile(path).params, DEFAULT_RATE_FACTOR, DEFAULT_BUDGET)
+def default_pacing(drain: float) -> StorePacing:
+    """The default pacing of a path that drains at `drain` bytes/s: `DEFAULT_RATE_FACTOR` x drain,
+    `DEFAULT_BUDGET` bytes ahead."""
+    return StorePacing(rate=DEFAULT_RATE_FACTOR * drain, budget=DEFAULT_BUDGET)
 
 
-def parse_pacing(spec: str, path: str):
-    """`"off"` -> None, `"auto"` -> `default_pacing(path)`, `"RATE:BUDGET"` -> StorePacing of RATE GB/s and
-    BUDGET KiB (e.g. `"50:1024"`): the suffix of a benchmark variant such as `interleaved@off`."""
+def parse_pacing(spec: str, auto: StorePacing | None = None) -> StorePacing | None:
+    """`"off"` -> None, `"auto"` -> `auto` (what the caller resolved for its path), `"RATE:BUDGET"` ->
+    StorePacing of RATE GB/s and BUDGET KiB (e.g. `"50:128"`): the suffix of a variant such as
+    `interleaved@off`."""
+    if not isinstance(spec, str):
+        raise InputError(f"pacing {spec!r}: expected {PACING_SPEC_HELP}")
     if spec == "off":
         return None
     if spec == "auto":
-        return default_pacing(path)
+        return auto
     rate, sep, budget = spec.partition(":")
     try:
         if not sep:
             raise ValueError
         return StorePacing(rate=float(rate) * 1e9, budget=float(budget) * 1024)
     except ValueError:
-        raise InputError(f"pacing {spec!r}: expected 'off', 'auto' or RATE_GBPS:BUDGET_KIB such as '50:1024'") from None
+        raise InputError(f"pacing {spec!r}: expected {PACING_SPEC_HELP}") from None
 
 
 def spec_of(pacing: StorePacing | None) -> str:
@@ -140,4 +133,5 @@ def pace_stores(p_clock, nbytes, fs_per_byte, budget_ns, timeout_ns, max_spins, 
                 tl.atomic_add(p_err + 1, 1)
 
 
-__all__ = ["StorePacing", "NO_PACING", "default_pacing", "parse_pacing", "spec_of", "pacing_args", "pace_stores"]
+__all__ = ["DEFAULT_BUDGET", "DEFAULT_RATE_FACTOR", "NO_PACING", "StorePacing", "default_pacing", "pace_stores",
+           "pacing_args", "parse_pacing", "spec_of"]

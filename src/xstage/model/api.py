@@ -15,11 +15,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from xstage import __version__
+from xstage.env import _git_commit
 from xstage.model.data import Observations
 from xstage.model.fit import STRUCTURES, evaluate_loco, fit_path
 from xstage.model.predict import DEFAULT_CLASSES, predict_rows
 from xstage.model.profile import Profile
+from xstage.version import __version__
 
 
 def predict(profile: Profile, data: Observations) -> dict:
@@ -55,7 +56,6 @@ def build_profile(obs: Observations, structure: str = "full", bootstrap: int = 2
         struct.setdefault("loco_by_structure", {})[s] = {
             "median_rel_error": summary["median_rel_error"], "p90_rel_error": summary["p90_rel_error"]}
     try:
-        from xstage.env import _git_commit
 
         commit = _git_commit()
     except Exception:  # provenance is best effort; a missing git must not fail a fit

@@ -18,6 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.model import closed_form as cf
+from xstage.model.api import build_profile
+from xstage.model.data import load_reference_data, read_observations
+from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
+from xstage.model.predict import simulate_launch, weighted_median
+from xstage.model.profile import Profile, load_default_profile
+from xstage.results.output import emit
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
                "kb": 1e3, "mb": 1e6, "gb": 1e9}
@@ -58,15 +65,12 @@ def _fmt(name: str, v: float) -> str:
 
 
 def _load_profile(arg):
-    from xstage.model.profile import Profile, load_default_profile
 
     return Profile.load(arg) if arg else load_default_profile("host")
 
 
 def predict_burst(profile, nbytes: float, gap_ns: float, n_sm: int) -> dict:
     """What the profile says about `n_sm` SMs issuing `nbytes` each, separated by `gap_ns` of compute."""
-    from xstage.model import closed_form as cf
-    from xstage.model.predict import simulate_launch, weighted_median
 
     p = profile.params
     first = cf.burst(p, nbytes, n_sm=n_sm)
@@ -110,7 +114,6 @@ def _profile_text(prof) -> list[str]:
 
 
 def run_model(args) -> int:
-    from xstage.cli import emit
 
     prof = _load_profile(args.profile)
     payload = {"profile": prof.to_dict()}
@@ -133,8 +136,6 @@ def run_model(args) -> int:
             f"steady {eq['steady_issue_ns']:.0f} ns",
         ]
     if args.plot:
-        from xstage.model.data import load_reference_data, read_observations
-        from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 
         data = read_observations(args.data) if args.data else load_reference_data()
         out = Path(args.plot)
@@ -156,9 +157,6 @@ def _progress(label: str):
 
 
 def run_fit(args) -> int:
-    from xstage.cli import emit
-    from xstage.model.api import build_profile
-    from xstage.model.data import read_observations
 
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")

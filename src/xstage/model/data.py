@@ -29,7 +29,7 @@ the configuration columns, `gap_ns` (launch median), `n_bursts`, `burst_index`, 
 `issue_median_ns`, `issue_p10_ns`, `issue_p90_ns`, `issue_max_ns`, `completion_median_ns`, and
 the provenance columns.
 
-Reference format (`shared/reference/h200-hostlink-probe.csv`, copied into `xstage/data`): per
+Reference format (`xstage/data/h200-hostlink-probe.csv`, an independent CUDA probe): per
 launch, `clock64` cycles at 1.98 GHz: `issue_first` (burst 0), `issue_2` (burst 1), `issue_steady`
 (median over bursts 12..23), `gap_cycles`; 24 bursts per CTA.
 

@@ -42,7 +42,7 @@ PERIODIC_BURSTS = 24
 STEADY = (12, 23)
 
 
-def calibration_design(n_sm_max: int = 132, sm_counts=None, bursts=BURSTS, gaps_ns=GAPS_NS,
+def calibration_design(n_sm_max: int, sm_counts=None, bursts=BURSTS, gaps_ns=GAPS_NS,
                        repeats: int = 1, path: str = "host") -> list[dict]:
     """Launch specifications: experiment, path, n_sm, burst_bytes, gap_ns, n_bursts, spans to record."""
     if n_sm_max < 1:

@@ -12,7 +12,7 @@ Each burst costs a fixed `t0` ns before its first store; completion of a byte is
 after the drain releases it.
 
 Two additions, each justified by the H200 host-link reference data (`xstage.data`, see
-`shared/design/burst-gap.md`) and kept because they lower the held-out error: leave one
+the README's Store paths results) and kept because they lower the held-out error: leave one
 configuration (n_sm, burst_bytes) out, fit the rest, predict its CTA medians
 (`xstage.model.fit.evaluate_loco`; figures stored in the default profile's `structure` section).
 On the 20 host configurations the median / p90 relative error is 29% / 90% for the base model,

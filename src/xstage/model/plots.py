@@ -22,17 +22,9 @@ import numpy as np
 from xstage.model.data import Observations
 from xstage.model.design import design_observations
 from xstage.model.predict import predict_rows
+from xstage.results.plots import pyplot
 
 SPAN_LABELS = {(0, 0): "first burst", (1, 1): "second burst"}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _span_label(lo: int, hi: int) -> str:
@@ -47,7 +39,7 @@ def _curve(profile, n_sm: int, bursts, gaps, n_bursts: int, span) -> np.ndarray:
 
 def plot_issue_vs_burst(profile, data: Observations, out_png) -> str:
     """First-burst CTA-median issue time against bytes per SM, one colour per SM count."""
-    plt = _pyplot()
+    plt = pyplot()
     obs = data.for_path(profile.path)
     rows = obs.burst_lo == 0
     g_max = float(obs.gap_ns[rows].max())
@@ -75,7 +67,7 @@ def plot_issue_vs_burst(profile, data: Observations, out_png) -> str:
 
 def plot_issue_vs_gap(profile, data: Observations, out_png) -> str:
     """Later-burst CTA-median issue time against the compute gap, one panel per SM count."""
-    plt = _pyplot()
+    plt = pyplot()
     obs = data.for_path(profile.path)
     later = obs.burst_hi > 0
     spans = sorted({(int(a), int(b)) for a, b in zip(obs.burst_lo[later], obs.burst_hi[later])})

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -67,6 +68,18 @@ class Profile:
     structure: dict = dataclasses.field(default_factory=dict)
     provenance: dict = dataclasses.field(default_factory=dict)
     classes: int = DEFAULT_CLASSES
+
+    @property
+    def sm_count(self) -> int:
+        """The SM count of the GPU the profile was measured on: the largest issuing-SM count of its
+        calibration, else the `(N SMs` of its GPU description."""
+        counts = [int(c) for c in self.provenance.get("sm_counts") or () if str(c).isdigit()]
+        if counts:
+            return max(counts)
+        m = re.search(r"\((\d+) SMs", str(self.provenance.get("gpu", "")))
+        if m:
+            return int(m.group(1))
+        raise InputError(f"profile of path {self.path!r}: its provenance names no SM count (sm_counts or gpu)")
 
     def to_dict(self) -> dict:
         return _jsonable({

@@ -2,18 +2,24 @@
 
 Public pieces: `MoEBuffer` (context), `transform_weights` (weight layout), `reference_moe_virtual`
 and `reference_moe_dist` (plain torch ground truth), `make_schedule` (expert_wave, interleaved,
-lag:k), `fused_moe` (the fused layer), `torch.ops.xstage.moe_fused` (custom op, after importing
-`xstage.moe.op`).
+lag:k) and `register_schedule`, `Variant` (schedule plus store pacing), `resolve_pacing`, `fused_moe`
+(the fused layer), `MoeShape` / `Problem` (problem definitions), `torch.ops.xstage.moe_fused` (custom
+op, after importing `xstage.moe.op`). The `model_guided` schedule is registered by `xstage.sched`,
+which `import xstage` loads.
 """
 
 from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
 from xstage.moe.fused import fused_moe
 from xstage.moe.layout import routing_layout, transform_weights, untransform_l1
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.reference import loopback_inputs, reference_moe_dist, reference_moe_virtual
-from xstage.moe.schedule import Schedule, make_schedule, register_schedule
+from xstage.moe.schedule import CANDIDATES, Schedule, make_schedule, register_schedule, schedule_names
+from xstage.moe.variant import Variant, parse_variants
 
 __all__ = [
-    "BlockConfig", "LoopbackGroup", "MoEBuffer", "Schedule", "fused_moe", "loopback_inputs", "make_schedule",
-    "reference_moe_dist", "reference_moe_virtual", "register_schedule", "routing_layout", "transform_weights",
-    "untransform_l1",
+    "CANDIDATES", "SHAPES", "BlockConfig", "LoopbackGroup", "MoEBuffer", "MoeShape", "Problem", "Schedule",
+    "Variant", "fused_moe", "loopback_inputs", "make_schedule", "parse_block", "parse_variants",
+    "reference_moe_dist", "reference_moe_virtual", "register_schedule", "resolve_pacing", "routing_layout",
+    "schedule_names", "transform_weights", "untransform_l1",
 ]

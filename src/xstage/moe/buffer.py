@@ -13,14 +13,15 @@ Groups:
 - a `torch.distributed` process group: buffers are PyTorch symmetric memory; peers are reached
   through peer-relative offsets (`map(p, r) = p + base[r] - base[self]`).
 
-Store pacing (`pacing=`): `"auto"` (the default) paces the combine's remote stores where that was
-measured to pay, today the `host` path (`xstage.comm.pacing.default_pacing`); a `StorePacing` sets
-rate and budget; None stores unpaced. It can be changed between calls (`buf.pacing = ...`).
+Store pacing (`pacing=`): the default pacing of the combine's remote stores, resolved once at
+construction (`xstage.moe.pacing.resolve_pacing`): `"auto"` (the default) paces where that was
+measured to pay, today the `host` path; `"off"` or None stores unpaced; `"RATE:BUDGET"` or a
+`StorePacing` sets rate and budget. A call overrides it with `fused_moe(..., pacing=...)`.
 
 Example:
     >>> from xstage.moe.buffer import BlockConfig, MoEBuffer, LoopbackGroup
     >>> buf = MoEBuffer(num_max_tokens_per_rank=64, num_experts=8, topk=2, hidden=64, intermediate=64,
-    ...                 group=LoopbackGroup(2), device="cpu", dtype="float16",
+    ...                 group=LoopbackGroup(2), device="cpu", dtype="fp16",
     ...                 config=BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32))
     >>> buf.num_local_experts, buf.total_bytes() > 0
     (4, True)
@@ -31,10 +32,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
-from xstage.comm.pacing import StorePacing, default_pacing
+from xstage.comm import create_context
+from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
+from xstage.dtypes import parse_dtype
 from xstage.errors import CommTimeoutError, InputError
+from xstage.moe.pacing import resolve_pacing
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
 STAGE_NAMES = {
@@ -49,7 +54,6 @@ for _code, _name in STAGE_NAMES.items():
 
 MAX_BUFFER_BYTES = 96 << 30
 SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -95,9 +99,7 @@ class MoEBuffer:
         self.H = _pos("hidden", hidden)
         self.I = _pos("intermediate", intermediate)
         self.cfg = config or BlockConfig()
-        self.dtype = _DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-        if self.dtype not in _DTYPES.values():
-            raise InputError(f"dtype={dtype}: must be one of {sorted(_DTYPES)}")
+        self.dtype = parse_dtype(dtype)
         self.device = torch.device(device)
         self.group = group if group is not None else LoopbackGroup(1)
         self.loopback = isinstance(self.group, LoopbackGroup)
@@ -106,7 +108,6 @@ class MoEBuffer:
             if self.group.path not in ("hbm", "host"):
                 raise InputError(f"path={self.group.path!r}: must be 'hbm' or 'host'")
         else:
-            import torch.distributed as dist
 
             self.R, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
         if self.K > self.E:
@@ -133,7 +134,7 @@ class MoEBuffer:
         self._check_size(max_bytes)
         self._plans: dict = {}
         self._allocate()
-        self.pacing = pacing
+        self._pacing = resolve_pacing(pacing, self.store_path, self.R)
 
     @property
     def store_path(self) -> str:
@@ -142,17 +143,8 @@ class MoEBuffer:
 
     @property
     def pacing(self) -> StorePacing | None:
-        """Pacing of the combine's remote stores (`xstage.comm.pacing`); None when off."""
+        """The default pacing of the combine's remote stores (`xstage.comm.pacing`); None when off."""
         return self._pacing
-
-    @pacing.setter
-    def pacing(self, value) -> None:
-        """`"auto"` (the default for this buffer's store path), a `StorePacing`, or None (off)."""
-        if isinstance(value, str) and value == "auto":
-            value = default_pacing(self.store_path) if self.R > 1 else None
-        if value is not None and not isinstance(value, StorePacing):
-            raise InputError(f"pacing={value!r}: must be 'auto', None or a StorePacing")
-        self._pacing = value
 
     @property
     def num_local_experts(self) -> int:
@@ -218,7 +210,6 @@ class MoEBuffer:
             self._allocate_symmetric(elem)
 
     def _allocate_symmetric(self, elem: int) -> None:
-        from xstage.comm import create_context
 
         R, dev = self.R, self.device
         self.ctx = create_context(self.group, path="peer", device=dev)

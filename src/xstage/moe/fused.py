@@ -13,7 +13,7 @@ Example (on a machine without a GPU, run with TRITON_INTERPRET=1 set before impo
     >>> import torch
     >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
     >>> cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
-    >>> buf = MoEBuffer(16, 4, 2, 64, 32, LoopbackGroup(2), device="cpu", dtype="float16", config=cfg)
+    >>> buf = MoEBuffer(16, 4, 2, 64, 32, LoopbackGroup(2), device="cpu", dtype="fp16", config=cfg)
     >>> x = torch.randn(8, 64, dtype=torch.float16)
     >>> idx = torch.stack([torch.randperm(4)[:2] for _ in range(8)])
     >>> w = torch.rand(8, 2)
@@ -30,7 +30,7 @@ import os
 import torch
 import triton
 
-from xstage.comm.pacing import pacing_args
+from xstage.comm.pacing import StorePacing, pacing_args
 from xstage.errors import InputError
 from xstage.moe import kernels
 from xstage.moe.buffer import (
@@ -42,7 +42,8 @@ from xstage.moe.buffer import (
     MoEBuffer,
 )
 from xstage.moe.layout import routing_layout, unit_experts
-from xstage.moe.schedule import TASK_COLS, Schedule, make_schedule
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.schedule import TASK_COLS, Schedule, check_schedule, chooser, make_schedule
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 DEFAULT_TIMEOUT_NS = 2_000_000_000
@@ -105,30 +106,42 @@ class _Plan:
     """The pieces of one call: routing layout, schedule and the schedule's device tensors (the
     table in global order when CTAs take tasks dynamically, else CTA by CTA)."""
 
-    def __init__(self, layout, schedule: Schedule, device, dynamic: bool, tasks=None, cta_start=None):
+    def __init__(self, layout, schedule: Schedule, device, dynamic: bool, tasks=None, cta_start=None,
+                 pacing: StorePacing | None = None):
         self.layout = layout
         self.schedule = schedule
+        self.pacing = pacing
         table = schedule.global_order() if dynamic else schedule.tasks
         self.tasks = torch.from_numpy(table).to(device) if tasks is None else tasks
         self.cta_start = torch.from_numpy(schedule.cta_start).to(device) if cta_start is None else cta_start
 
 
-def _resolve_schedule(schedule: str, buf: MoEBuffer, tokens: int, ctas: int) -> str:
-    """`model_guided` becomes the Burst-Gap planner's pick for this shape, path and token count
-    (planned once per token count and cached on the buffer); other names pass through."""
-    if schedule != "model_guided":
-        return schedule
-    key = ("model_guided", tokens, ctas)
-    if key not in buf._plans:
-        from xstage.sched.plan import pick_for_moe_buffer
+def call_pacing(pacing, buf: MoEBuffer) -> StorePacing | None:
+    """The pacing of one call: `"buffer"` keeps the buffer's default; anything else is resolved by
+    `xstage.moe.pacing.resolve_pacing` for the buffer's store path."""
+    if isinstance(pacing, str) and pacing == "buffer":
+        return buf.pacing
+    return resolve_pacing(pacing, buf.store_path, buf.R)
 
-        buf._plans[key] = pick_for_moe_buffer(buf, tokens, ctas)
+
+def _resolve_schedule(schedule: str, buf: MoEBuffer, tokens: int, ctas: int, pacing: StorePacing | None) -> str:
+    """A name chosen per call (e.g. `model_guided`, registered by `xstage.sched`) becomes its chooser's
+    pick for this shape, token count and pacing (cached on the buffer); orders pass through."""
+    pick = chooser(check_schedule(schedule))
+    if pick is None:
+        return schedule
+    key = (schedule, tokens, ctas, pacing)
+    if key not in buf._plans:
+        buf._plans[key] = check_schedule(pick(buf, tokens, ctas, pacing))
     return buf._plans[key]
 
 
-def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _Plan:
-    """Routing layout and schedule table for this call (one host synchronisation for the counts)."""
-    schedule = _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), ctas or num_ctas(buf))
+def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None, pacing="buffer") -> _Plan:
+    """Routing layout and schedule table for this call (one host synchronisation for the counts).
+
+    `pacing` is the call's store pacing (`"buffer"`: the buffer's default; see `call_pacing`)."""
+    pacing = call_pacing(pacing, buf)
+    schedule = _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), ctas or num_ctas(buf), pacing)
     all_idx = _all_topk(topk_idx, buf)
     local = all_idx[(all_idx // buf.E_local) == buf.rank] % buf.E_local
     counts = torch.bincount(local.reshape(-1), minlength=buf.E_local).tolist()
@@ -143,7 +156,7 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None) -> _P
     n2 = -(-buf.H // buf.cfg.block_n2)
     sched = make_schedule(schedule, experts or [0], ctas or num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
                           unit_rows=rows or [0], unit_dest_rows=_unit_dest_rows(lay, n_units, bm, buf))
-    return _Plan(lay, sched, buf.device, buf.cfg.dynamic)
+    return _Plan(lay, sched, buf.device, buf.cfg.dynamic, pacing=pacing)
 
 
 def _unit_dest_rows(lay, n_units: int, bm: int, buf: MoEBuffer):
@@ -155,12 +168,13 @@ def _unit_dest_rows(lay, n_units: int, bm: int, buf: MoEBuffer):
     return out.numpy()
 
 
-def static_plan(topk_idx, buf: MoEBuffer, schedule: str) -> _Plan:
+def static_plan(topk_idx, buf: MoEBuffer, schedule: str, pacing="buffer") -> _Plan:
     """A plan with no host synchronisation (CUDA-graph capturable): the schedule covers all
     `buf.units_cap` unit slots with a nominal even split over experts, built once per schedule name;
     slots the routing leaves empty are skipped by the kernel. Routing beyond the capacity is not
     detected here (the eager path checks it)."""
-    schedule = _resolve_schedule(schedule, buf, buf.T_max, num_ctas(buf))
+    pacing = call_pacing(pacing, buf)
+    schedule = _resolve_schedule(schedule, buf, buf.T_max, num_ctas(buf), pacing)
     key = ("static", schedule, num_ctas(buf))
     cached = buf._plans.get(key)
     if cached is None:
@@ -172,7 +186,7 @@ def static_plan(topk_idx, buf: MoEBuffer, schedule: str) -> _Plan:
         cached = buf._plans[key] = _Plan(None, sched, buf.device, buf.cfg.dynamic)
     lay = routing_layout(_all_topk(topk_idx, buf), buf.rank, buf.E_local, buf.cfg.block_m, buf.rows_cap,
                          buf.units_cap, buf.T_max)
-    return _Plan(lay, cached.schedule, buf.device, buf.cfg.dynamic, cached.tasks, cached.cta_start)
+    return _Plan(lay, cached.schedule, buf.device, buf.cfg.dynamic, cached.tasks, cached.cta_start, pacing)
 
 
 def _bounds(buf: MoEBuffer, timeout_ns: int):
@@ -220,10 +234,10 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
         x if buf.loopback else buf.x_buf, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
-        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins, *pacing_args(buf.pacing),
+        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins, *pacing_args(p.pacing),
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        TMA=c.tma, DYNAMIC=c.dynamic, PACED=buf.pacing is not None, WAIT=wait, USE_PTX=use_ptx,
+        TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, WAIT=wait, USE_PTX=use_ptx,
         TRACE=trace is not None, **opts,
     )
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
@@ -266,13 +280,16 @@ def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tens
 
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
-              timeout_ns: int = DEFAULT_TIMEOUT_NS, check: bool = True, static: bool = False) -> torch.Tensor:
+              timeout_ns: int = DEFAULT_TIMEOUT_NS, check: bool = True, static: bool = False,
+              pacing="buffer") -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
 
     `check=True` validates inputs (one host sync for the expert-id range) and raises
     `CommTimeoutError` after the kernels if a wait timed out (another sync). `static=True` with
     `check=False` on a loopback buffer runs without any host synchronisation (CUDA-graph capture):
     the schedule then spans every unit slot of the buffer; call `buf.check()` later for timeouts.
+    `pacing` paces the combine's remote stores for this call: `"buffer"` (the buffer's default),
+    `"auto"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a `StorePacing` or None (`xstage.moe.pacing`).
     """
     validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
     if not buf.loopback:
@@ -280,7 +297,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
         buf.idx_buf.fill_(-1)
         buf.idx_buf[: x.shape[0]].copy_(topk_idx)
         buf.barrier()
-    p = static_plan(topk_idx, buf, schedule) if static else plan(topk_idx, buf, schedule)
+    p = static_plan(topk_idx, buf, schedule, pacing) if static else plan(topk_idx, buf, schedule, pacing=pacing)
     y = torch.empty_like(x)
     launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
     if check:

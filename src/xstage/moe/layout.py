@@ -27,8 +27,6 @@ import torch
 
 from xstage.errors import InputError
 
-UNIT_COLS = 4  # expert, first padded row, valid rows, unused (keeps rows 16-byte aligned)
-
 
 def transform_weights(l1: torch.Tensor, l2: torch.Tensor, block_n1: int):
     """`(l1 [E, 2I, H], l2 [E, H, I])` -> the fused kernel's layout (gate/up interleaved by block)."""

@@ -12,7 +12,7 @@ Example (on a machine without a GPU, run with TRITON_INTERPRET=1 set before impo
     >>> from xstage.moe.op import register_buffer
     >>> cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
     >>> register_buffer("moe0", MoEBuffer(8, 4, 2, 64, 32, LoopbackGroup(2), device="cpu",
-    ...                                   dtype="float16", config=cfg))
+    ...                                   dtype="fp16", config=cfg))
     >>> x = torch.randn(8, 64, dtype=torch.float16)
     >>> idx, w = torch.stack([torch.randperm(4)[:2] for _ in range(8)]), torch.rand(8, 2)
     >>> w1t, w2 = transform_weights(torch.randn(2, 64, 64).half() / 8, torch.randn(2, 64, 32).half() / 8, 16)
@@ -46,11 +46,11 @@ def get_buffer(name: str) -> MoEBuffer:
 
 @torch.library.custom_op("xstage::moe_fused", mutates_args=())
 def moe_fused(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, w1t: torch.Tensor,
-              w2: torch.Tensor, buffer_name: str, schedule: str) -> torch.Tensor:
+              w2: torch.Tensor, buffer_name: str, schedule: str, pacing: str = "buffer") -> torch.Tensor:
     return fused_moe(x, topk_idx, topk_weights, w1t, w2, get_buffer(buffer_name), schedule, check=False,
-                     static=True)
+                     static=True, pacing=pacing)
 
 
 @moe_fused.register_fake
-def _(x, topk_idx, topk_weights, w1t, w2, buffer_name, schedule):
+def _(x, topk_idx, topk_weights, w1t, w2, buffer_name, schedule, pacing="buffer"):
     return torch.empty_like(x)

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 
 def expert_mlp(x: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
@@ -82,7 +83,6 @@ def reference_moe_virtual(xs, topk_idx, topk_w, l1, l2, dtype=torch.float32):
 
 def reference_moe_dist(x, topk_idx, topk_w, l1, l2, group=None, dtype=torch.float32):
     """This rank's `y [T, H]` over a process group (gloo or NCCL) with explicit all-to-alls."""
-    import torch.distributed as dist
 
     R = dist.get_world_size(group)
     e_local = l1.shape[0]

@@ -19,7 +19,8 @@ hoisted ahead of their units' LINEAR1 tasks (`hoist_dispatch`). Names:
   with LINEAR2 tasks of wave w.
 - `lag:k`: LINEAR1 of units 0..k, then LINEAR2(unit i) followed by LINEAR1(unit i+k+1), so LINEAR2 of
   unit i runs after LINEAR1 of unit i+k.
-Custom orders register with `register_schedule(name, fn)` (e.g. a model-guided planner).
+Custom orders register with `register_schedule(name, fn)`; names chosen per call (such as
+`model_guided`, the planner's pick) with `register_schedule(name, chooser=...)`.
 
 Example:
     >>> from xstage.moe.schedule import make_schedule
@@ -149,21 +150,48 @@ def _lag(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
 
 
 _REGISTRY: dict[str, Callable] = {"expert_wave": _expert_wave, "interleaved": _interleaved, "lag": _lag}
+# Names resolved per call to one of the orders above (e.g. `model_guided`, which `xstage.sched`
+# registers: the planner's pick for the call's shape, path and pacing).
+_CHOOSERS: dict[str, Callable] = {}
+
+# The orders the planner ranks, the benchmark grids measure and `plan validate` checks picks over.
+CANDIDATES = ("expert_wave", "interleaved", "lag:1", "lag:2", "lag:4", "lag:8", "lag:16")
 
 
-def register_schedule(name: str, fn: Callable) -> None:
-    """Add an order `fn(unit_expert, n1, n2, num_ctas, arg) -> [(kind, unit, n_block), ...]`."""
+def register_schedule(name: str, fn: Callable | None = None, *, chooser: Callable | None = None) -> None:
+    """Add an order `fn(unit_expert, n1, n2, num_ctas, arg) -> [(kind, unit, n_block), ...]`, or a
+    `chooser(buf, tokens, num_ctas, pacing) -> schedule name` that picks one of the orders per call."""
     if not name.isidentifier():
         raise InputError(f"schedule name {name!r}: must be an identifier")
-    _REGISTRY[name] = fn
+    if (fn is None) == (chooser is None):
+        raise InputError(f"register_schedule({name!r}): give exactly one of an order function or a chooser")
+    (_REGISTRY if fn is not None else _CHOOSERS)[name] = fn or chooser
 
 
 def schedule_names() -> list[str]:
-    return sorted(_REGISTRY)
+    """Every registered name (`lag` takes `:k`)."""
+    return sorted([*_REGISTRY, *_CHOOSERS])
+
+
+def chooser(name: str) -> Callable | None:
+    """The chooser registered under `name`, or None for an order (or an unknown name)."""
+    return _CHOOSERS.get(name)
+
+
+def check_schedule(name: str) -> str:
+    """`name` if it names an order (`lag:k` included) or a chooser; else `InputError`."""
+    if isinstance(name, str) and name in _CHOOSERS:
+        return name
+    _parse(name)
+    return name
 
 
 def _parse(name: str):
+    if not isinstance(name, str):
+        raise InputError(f"schedule {name!r}: must be a string such as 'lag:4'")
     base, _, arg = name.partition(":")
+    if base in _CHOOSERS and not arg:
+        raise InputError(f"schedule {name!r}: chosen per call; resolve it with its chooser first")
     if base not in _REGISTRY:
         raise InputError(f"schedule {name!r}: unknown; known: {schedule_names()} (lag takes ':k')")
     if base == "lag":

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage.bench.plots import plot_lines
-from xstage.bench.results import read_rows
 from xstage.errors import InputError
 from xstage.model.data import SUMMARY_COLUMNS, summarise, write_csv_atomic
+from xstage.results.io import read_rows
+from xstage.results.plots import plot_lines
 
 SUMMARY_FILE_COLUMNS = ["sweep"] + SUMMARY_COLUMNS
 ONSET_FACTOR = 2.0

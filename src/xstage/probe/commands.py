@@ -14,22 +14,25 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from xstage.env import has_gpu
 from xstage.errors import InputError
+from xstage.model import load_default_profile
+from xstage.probe.report import analyse
+from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
-
-DEFAULT_SM_COUNT = 132
+from xstage.results.output import emit
+from xstage.results.select import select
 
 
 def _sm_count(args) -> int:
     if args.sm_count:
         return args.sm_count
-    from xstage.env import has_gpu
 
     if has_gpu():
         import torch
 
         return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return DEFAULT_SM_COUNT
+    return load_default_profile().sm_count  # no GPU here: plan for the GPU the embedded profile came from
 
 
 def _init_peer_group():
@@ -51,8 +54,6 @@ def _init_peer_group():
 
 
 def run_probe(args) -> int:
-    from xstage.bench.grid import select
-    from xstage.cli import emit
 
     sweeps = parse_sweeps(args.sweep, args.path)
     if args.repeats is not None and args.repeats < 1:
@@ -70,7 +71,6 @@ def run_probe(args) -> int:
     out = Path(args.out)
     rank = 0
     if not args.analyse_only:
-        from xstage.probe.session import measure
 
         if args.path == "peer":
             dist = _init_peer_group()
@@ -82,7 +82,6 @@ def run_probe(args) -> int:
             return 0
         if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
             print(f"xstage probe: all {info['configs_skipped']} configurations already measured in {out}")
-    from xstage.probe.report import analyse
 
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap {args.bootstrap}: must be >= 0")
@@ -101,7 +100,8 @@ def register(sub) -> None:
                    help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...)")
     p.add_argument("--repeats", type=int, help="recorded launches per configuration (default per sweep)")
     p.add_argument("--plan", action="store_true", help="list the configurations and stop")
-    p.add_argument("--sm-count", type=int, help="SM count to plan for (default: this GPU, else 132)")
+    p.add_argument("--sm-count", type=int, help="SM count to plan for (default: this GPU, else the SM count of "
+                   "the embedded profile's GPU)")
     p.add_argument("--analyse-only", action="store_true", help="skip measuring; analyse what -o holds")
     p.add_argument("--no-fit", action="store_true", help="skip fitting the profile")
     p.add_argument("--bootstrap", type=int, default=10, help="bootstrap rounds for parameter intervals (default 10)")

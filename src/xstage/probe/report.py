@@ -26,10 +26,16 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage.bench.report import markdown_table
+from xstage.env import environment
 from xstage.errors import InputError
-from xstage.model.data import CONFIG_COLUMNS
+from xstage.model.data import CONFIG_COLUMNS, load_reference_data, observations_from_rows
+from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
+from xstage.model.predict import predict_rows
+from xstage.model.profile import Profile
 from xstage.probe.analysis import experiments, plot_experiments, read_summary, summarise_dir
+from xstage.results.plots import pyplot
+from xstage.results.tables import markdown_table
+from xstage.version import __version__
 
 HOLDOUT_EVERY = 4
 BYTES_REGIME_NS = 10_000.0
@@ -85,9 +91,6 @@ def holdout_split(configs: list[tuple], multi_burst=()) -> tuple[list[tuple], li
 
 def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 10, structure: str | None = None) -> dict:
     """Fit the calibration configurations of `path` and predict the held-out ones (see module doc)."""
-    from xstage.model.data import observations_from_rows
-    from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
-    from xstage.model.predict import predict_rows
 
     rows = pool_for_fit(_fit_rows(summary, path))
     if not rows:
@@ -133,9 +136,6 @@ def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 10, struct
 
 def _profile(res, calib, heldout: dict, bootstrap: int):
     """A `xstage.model.profile.Profile` of the calibration fit, with the held-out error as its quality."""
-    from xstage import __version__
-    from xstage.env import environment
-    from xstage.model.profile import Profile
 
     provenance = {
         **{k: calib.env.get(k, "") for k in ("gpu", "driver", "torch", "triton", "date")},
@@ -152,10 +152,7 @@ def _profile(res, calib, heldout: dict, bootstrap: int):
 
 
 def _plot_heldout(fit: dict, out_dir: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     meas = np.array([p["measured_ns"] for p in fit["points"]])
@@ -179,7 +176,6 @@ def _plot_heldout(fit: dict, out_dir: Path) -> Path:
 def compare_reference(exp: dict, path: str) -> list[dict]:
     """Our first-burst and back-to-back steady issue times next to the independent CUDA reference
     probe (`xstage.model.data.load_reference_data`) wherever both measured the same (n_sm, burst)."""
-    from xstage.model.data import load_reference_data
 
     try:
         ref = load_reference_data().for_path(path)
@@ -251,7 +247,8 @@ def _markdown(exp: dict, fit: dict | None, fit_error: str | None, env: dict, run
         within = sum(1 for r in ref if abs(r["ratio"] - 1.0) <= 0.10)
         big = [r for r in ref if r["reference_ns"] >= BYTES_REGIME_NS]
         big_within = sum(1 for r in big if abs(r["ratio"] - 1.0) <= 0.10)
-        lines += ["## Against the independent CUDA reference probe (shared/reference, same GPU model)", "",
+        lines += ["## Against the independent CUDA reference probe (xstage/data/h200-hostlink-probe.csv, "
+                  "same GPU model)", "",
                   f"{within} of {len(ref)} shared configurations within 10%; where the reference issue time is "
                   f">= {BYTES_REGIME_NS / 1e3:.0f} us (bytes and the X-Stage dominate, not fixed per-burst costs): "
                   f"{big_within} of {len(big)}.", "",
@@ -299,7 +296,6 @@ def analyse(out_dir, *, fit: bool = True, bootstrap: int = 10, path: str | None 
         except (InputError, ImportError) as exc:
             fit_error = str(exc)
     if fit_res is not None:
-        from xstage.model.profile import Profile
 
         Profile.from_dict(fit_res["profile"]).save(out_dir / "profile.json")
         (out_dir / "fit.json").write_text(json.dumps({k: v for k, v in fit_res.items() if k != "profile"},

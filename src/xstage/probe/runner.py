@@ -26,6 +26,7 @@ import torch
 
 from xstage.comm import STAGE_PROBE_FLAG
 from xstage.comm.device import use_ptx
+from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.model.data import CONFIG_COLUMNS
 from xstage.probe.kernels import (
@@ -245,7 +246,6 @@ BURST_SIGNATURE = {
 def compile_ptx(cfg: BurstConfig, arch: int = 90) -> str:
     """PTX of the injection kernel for `cfg` on CUDA compute capability `arch` (no GPU needed; not in
     the interpreter). Used to check that stores are vectors (`st.global.v4.b32` for 16-byte stores)."""
-    from xstage.env import interpreter_active
 
     if interpreter_active():
         raise InputError("compile_ptx: unset TRITON_INTERPRET (the interpreter compiles nothing)")

@@ -23,15 +23,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from xstage.bench.grid import select
-from xstage.bench.results import ResultWriter
 from xstage.comm import create_context
 from xstage.env import environment
 from xstage.errors import InputError
 from xstage.model.data import LONG_COLUMNS
 from xstage.probe.runner import BurstConfig, dest_elems, launch, rows_from_launch
 from xstage.probe.sweeps import REPEATS, plan
+from xstage.results.io import ResultWriter
+from xstage.results.select import select
 
 LOOPBACK_WORLD = 2
 
@@ -113,7 +114,6 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
         todo = [(s, c) for s, c in chosen_cfgs if c.label() not in done[s]]
         next_id = _next_launch(raw_dir)
         if ctx.world > 1 and path == "peer":
-            import torch.distributed as dist
 
             # Rank 0's folder decides what is left to run, so that every rank launches in step.
             agreed = [next_id, [(s, c.label()) for s, c in todo]]
@@ -152,7 +152,7 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
             if writer_rank:
                 if sweep not in writers:
                     writers[sweep] = ResultWriter(raw_dir / f"{sweep}.csv", LONG_COLUMNS,
-                                                  ["launch", "cta", "burst_index"], env=env)
+                                                  ["launch", "cta", "burst_index"], env=env, require_commit=True)
                 writers[sweep].write_many(rows)
                 with (raw_dir / f"{sweep}.done").open("a") as f:
                     f.write(f"{cfg.label()} {','.join(map(str, ids))}\n")

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from xstage.env import environment
 from xstage.errors import InputError
+from xstage.moe.fused import launch_main, plan
+from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
 from xstage.sched.moe import MoeConfig, task_work
 
-CALIBRATION_SHAPES = ("H4096-I2048-E256-K6", "H7168-I3072-E384-K6", "H4096-I1536-E128-K8", "H1152-I4608-E8-K2")
+CALIBRATION_SHAPES = tuple(SHAPES)
 
 
 def task_gaps(trace: np.ndarray) -> np.ndarray:
@@ -35,12 +38,10 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     gap between consecutive tasks of a CTA (`task_gaps`) over all runs."""
     import torch
 
-    from xstage.bench.moe import SHAPES, Problem, block_for
-    from xstage.moe.fused import launch_main, plan
 
     if not torch.cuda.is_available():
         raise InputError("xstage plan calibrate: needs a CUDA GPU (the tiles are timed in the kernel)")
-    cfg = block_for(shape, tokens, 1, block_spec)
+    cfg = parse_block(block_spec, MoeShape.parse(shape).hidden)
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed)
     p = plan(pb.idx, pb.buf, "expert_wave")
     trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
@@ -57,7 +58,7 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     gap_ns = float(np.median(np.concatenate(gaps[1:])))
     table = p.schedule.global_order()  # trace row g is the task at position g of the global order
     kinds = table[:, 0]
-    H, I, E, K = SHAPES[shape]
+    H, I, E, K = MoeShape.parse(shape)
     mcfg = MoeConfig(hidden=H, intermediate=I, num_experts=E, topk=K, tokens_per_rank=tokens, ep=1,
                      block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k)
     valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
@@ -82,7 +83,6 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
 
     Returns the costs (a cross-shape fit per kind and tile config, plus the measured medians per shape
     and rows per expert, which the planner interpolates) and those medians as rows."""
-    from xstage.env import environment
 
     token_list = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
     runs = [(shape, t, b) for shape in shapes for t in token_list for b in (block_specs or (None,))]

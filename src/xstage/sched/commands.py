@@ -3,36 +3,45 @@ pick and a timeline plot; tile-cost calibration; validation against benchmark re
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from xstage.comm.pacing import spec_of
 from xstage.errors import InputError
+from xstage.model import Profile, load_default_profile
+from xstage.model.data import write_csv_atomic
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.schedule import CANDIDATES, check_schedule
+from xstage.moe.variant import Variant
+from xstage.results import emit, markdown_table, read_rows, select
+from xstage.results.io import ResultWriter
+from xstage.results.plots import plot_lines
+from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
+from xstage.sched.costs import TaskCosts, load_default_costs
+from xstage.sched.moe import MoeConfig
+from xstage.sched.plan import default_ctas, plan_moe
+from xstage.sched.timeline import plot_timeline
+from xstage.sched.ulysses import DEFAULT_EXCHANGES, UlyssesConfig, attention_costs, plan_ulysses, validate_ulysses
+from xstage.sched.validate import validate_moe
 
 
 def _load_path_params(profile_path: str | None):
-    from xstage.model import Profile, load_default_profile
-
     profile = Profile.load(profile_path) if profile_path else load_default_profile()
     return profile, profile.params
 
 
 def run_plan_moe(args) -> int:
-    from xstage.bench.report import markdown_table
-    from xstage.cli import emit
-    from xstage.sched.costs import TaskCosts, load_default_costs
-    from xstage.sched.moe import MoeConfig
-    from xstage.sched.plan import DEFAULT_CANDIDATES, plan_moe
-    from xstage.sched.timeline import plot_timeline
 
     profile, params = _load_path_params(args.profile)
     costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("moe")
-    cfg = MoeConfig.parse(args.config, tokens_per_rank=args.tokens, ep=args.ep)
-    candidates = args.candidates.split(",") if args.candidates else list(DEFAULT_CANDIDATES)
+    cfg = MoeConfig.parse(args.shape, tokens_per_rank=args.tokens, ep=args.ep)
+    candidates = [check_schedule(c) for c in args.candidates.split(",")] if args.candidates else list(CANDIDATES)
     block_ms = [int(b) for b in args.block_m.split(",")] if args.block_m else None
+    args.ctas = args.ctas or default_ctas(profile)
     if args.ctas < 1:
         raise InputError(f"--ctas {args.ctas}: must be >= 1")
-    from xstage.comm.pacing import parse_pacing, spec_of
-
-    pacing = parse_pacing(args.pacing, profile.path)
+    # The kernel's pacing: "auto" is the default of the profile's path (the kernel's own rule).
+    pacing = resolve_pacing(args.pacing, profile.path, cfg.ep)
     rows = plan_moe(cfg, params, costs, args.ctas, candidates=candidates, block_ms=block_ms, seed=args.seed,
                     pacing=pacing)
     table = [
@@ -57,8 +66,6 @@ def run_plan_moe(args) -> int:
 
 
 def _progress(label: str):
-    import sys
-
     def cb(done: int, total: int) -> None:
         end = "\n" if done == total else ""
         print(f"\r{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
@@ -67,9 +74,6 @@ def _progress(label: str):
 
 
 def run_calibrate(args) -> int:
-    from xstage.bench.report import markdown_table
-    from xstage.cli import emit
-    from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 
     out = Path(args.out)
     shapes = args.shapes.split(",") if args.shapes else list(CALIBRATION_SHAPES)
@@ -78,7 +82,6 @@ def run_calibrate(args) -> int:
                                      progress=_progress("calibrate"))
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "moe-task-costs.json")
-    from xstage.bench.results import ResultWriter
 
     w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
                      key_columns=["shape", "block", "kind", "tokens"])
@@ -92,15 +95,11 @@ def run_calibrate(args) -> int:
 
 
 def run_plan_ulysses(args) -> int:
-    from xstage.bench.report import markdown_table
-    from xstage.cli import emit
-    from xstage.sched.costs import TaskCosts, load_default_costs
-    from xstage.sched.ulysses import DEFAULT_EXCHANGES, UlyssesConfig, plan_ulysses
 
     profile, params = _load_path_params(args.profile)
     costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("attention")
     cfg = UlyssesConfig(heads=args.heads, head_dim=args.dim, tokens=args.tokens, ranks=args.ranks,
-                        batch=args.batch, grid=args.ctas)
+                        batch=args.batch, grid=args.ctas or default_ctas(profile))
     cands = args.candidates.split(",") if args.candidates else list(DEFAULT_EXCHANGES)
     rows = plan_ulysses(cfg, params, costs, cands)
     table = [{"exchange": n, "time_us": t / 1e3, "vs_best": t / rows[0][1],
@@ -114,10 +113,6 @@ def run_plan_ulysses(args) -> int:
 
 
 def run_attention_costs(args) -> int:
-    from xstage.bench.report import markdown_table
-    from xstage.bench.results import read_rows
-    from xstage.cli import emit
-    from xstage.sched.ulysses import attention_costs
 
     costs = attention_costs(read_rows(args.results))
     out = Path(args.out)
@@ -131,11 +126,6 @@ def run_attention_costs(args) -> int:
 
 
 def _validate_ulysses(args, rows, params, out: Path) -> int:
-    from xstage.bench.report import markdown_table
-    from xstage.cli import emit
-    from xstage.model.data import write_csv_atomic
-    from xstage.sched.costs import TaskCosts, load_default_costs
-    from xstage.sched.ulysses import validate_ulysses
 
     costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("attention")
     out_rows, summary = validate_ulysses(rows, params, costs, exchange=args.exchange)
@@ -146,25 +136,16 @@ def _validate_ulysses(args, rows, params, out: Path) -> int:
 
 
 def run_validate(args) -> int:
-    from xstage.bench.plots import plot_lines
-    from xstage.bench.report import markdown_table
-    from xstage.bench.results import read_rows
-    from xstage.cli import emit
-    from xstage.model.data import write_csv_atomic
-    from xstage.sched.costs import TaskCosts, load_default_costs
-    from xstage.sched.plan import DEFAULT_CANDIDATES
-    from xstage.sched.validate import validate_moe
 
     _, params = _load_path_params(args.profile)
     costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("moe")
     rows = read_rows(args.results)
     if args.only:
-        from xstage.bench.grid import select
-
         rows = select(rows, args.only)
     if rows and "heads" in rows[0]:  # a `xstage bench ulysses` CSV
         return _validate_ulysses(args, rows, params, Path(args.out))
-    candidates = args.candidates.split(",") if args.candidates else list(DEFAULT_CANDIDATES)
+    candidates = [check_schedule(c) for c in args.candidates.split(",")] if args.candidates else list(CANDIDATES)
+    Variant("expert_wave", args.default_pacing)  # a malformed --default-pacing fails here, before any simulation
     out_rows, summary = validate_moe(rows, params, costs, candidates=candidates, default_pacing=args.default_pacing,
                                      progress=_progress("validate"), workers=args.workers)
     out = Path(args.out)
@@ -186,11 +167,13 @@ def register(sub) -> None:
     p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
     kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
     m = kinds.add_parser("moe", help="plan the fused MoE kernel's schedule")
-    m.add_argument("--config", required=True, help="shape, e.g. H4096/I2048/E256/top6")
+    m.add_argument("--shape", required=True, help="MoE shape H<hidden>-I<intermediate>-E<experts>-K<topk>, "
+                   "e.g. H4096-I2048-E256-K6")
     m.add_argument("--tokens", type=int, required=True, help="tokens per rank")
     m.add_argument("--ep", type=int, required=True, help="expert-parallel group size")
     _add_model_files(m)
-    m.add_argument("--ctas", type=int, default=132, help="persistent CTAs (default 132, one per H200 SM)")
+    m.add_argument("--ctas", type=int, default=None, help="persistent CTAs (default: this GPU's SM count, else "
+                   "the SM count of the profile's GPU)")
     m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:1..16)")
     m.add_argument("--block-m", help="comma-separated BLOCK_M values to try (default 128)")
     m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing")
@@ -205,7 +188,8 @@ def register(sub) -> None:
     u.add_argument("--tokens", type=int, required=True, help="sequence length (all ranks)")
     u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size")
     u.add_argument("--batch", type=int, default=1)
-    u.add_argument("--ctas", type=int, default=132, help="persistent programs (default 132)")
+    u.add_argument("--ctas", type=int, default=None, help="persistent programs (default: this GPU's SM count, "
+                   "else the SM count of the profile's GPU)")
     _add_model_files(u)
     u.add_argument("--candidates", help="comma-separated exchanges (default: burst,paced:8..64)")
     u.add_argument("--json", action="store_true", help="print JSON")

@@ -10,13 +10,12 @@ Routing for planning is synthetic: every token of every rank picks `topk` expert
 local expert's row count is Binomial(tokens x EP, topk / experts) (seeded).
 
 Example:
-    cfg = MoeConfig.parse("H4096/I2048/E256/top6", tokens_per_rank=4096, ep=8)
-    work = moe_work(cfg, "lag:2", load_default_costs("moe"), num_ctas=132)
+    cfg = MoeConfig.parse("H4096-I2048-E256-K6", tokens_per_rank=4096, ep=8)
+    work = moe_work(cfg, "lag:2", load_default_costs("moe"), num_ctas=default_ctas())
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,13 +23,15 @@ import numpy as np
 from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.params import PathParams
+from xstage.moe.buffer import BlockConfig
+from xstage.moe.problem import MoeShape
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
 from xstage.sched.work import KernelWork, Task, require_positive_ints
 
 REMOTE = 1  # destination id of "other ranks" in MoE work; the local rank (0) has no store path
 
-_SHAPE = re.compile(r"^H(\d+)/I(\d+)/E(\d+)/top-?(\d+)$")
+_BLOCK = BlockConfig()  # the kernel's block defaults, the one place they live
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,12 @@ class MoeConfig:
     topk: int
     tokens_per_rank: int
     ep: int
-    block_m: int = 128
-    block_n1: int = 128
-    block_n2: int = 256
-    block_k: int = 64
+    block_m: int = _BLOCK.block_m
+    block_n1: int = _BLOCK.block_n1
+    block_n2: int = _BLOCK.block_n2
+    block_k: int = _BLOCK.block_k
     elem_bytes: int = 2
-    dynamic: bool = True  # CTAs take tasks from the global order when free (`BlockConfig.dynamic`)
+    dynamic: bool = _BLOCK.dynamic  # CTAs take tasks from the global order when free
 
     def __post_init__(self):
         require_positive_ints(self, ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep",
@@ -60,16 +61,14 @@ class MoeConfig:
 
     @classmethod
     def parse(cls, shape: str, **kw) -> MoeConfig:
-        """`"H4096/I2048/E256/top6"` plus keyword fields (tokens_per_rank, ep, block sizes)."""
-        m = _SHAPE.match(shape.strip())
-        if not m:
-            raise InputError(f"--config {shape!r}: expected H<hidden>/I<intermediate>/E<experts>/top<k>")
-        h, i, e, k = (int(g) for g in m.groups())
+        """`"H4096-I2048-E256-K6"` (`xstage.moe.MoeShape`) plus keyword fields (tokens_per_rank, ep,
+        block sizes)."""
+        h, i, e, k = MoeShape.parse(shape)
         return cls(hidden=h, intermediate=i, num_experts=e, topk=k, **kw)
 
     @property
     def shape(self) -> str:
-        return f"H{self.hidden}/I{self.intermediate}/E{self.num_experts}/top{self.topk}"
+        return str(MoeShape(self.hidden, self.intermediate, self.num_experts, self.topk))
 
     @property
     def block(self) -> str:

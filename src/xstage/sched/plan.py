@@ -3,28 +3,31 @@
 For a MoE configuration, a store-path profile and measured tile costs, each candidate order
 (`expert_wave`, `interleaved`, `lag:k`) is turned into its task graph (`moe_work`) and simulated
 (`simulate_kernel`); the table is sorted by predicted kernel time. `pick_moe_schedule` is what the
-kernel's `model_guided` schedule calls.
+kernel's `model_guided` schedule runs: this module registers it with `xstage.moe.register_schedule`.
 
 Example:
     from xstage.model import load_default_profile
-    cfg = MoeConfig.parse("H4096/I2048/E256/top6", tokens_per_rank=1024, ep=8)
-    rows = plan_moe(cfg, load_default_profile().params, load_default_costs("moe"), num_ctas=132)
+    cfg = MoeConfig.parse("H4096-I2048-E256-K6", tokens_per_rank=1024, ep=8)
+    rows = plan_moe(cfg, load_default_profile().params, load_default_costs("moe"), num_ctas=default_ctas())
     print(rows[0].schedule, rows[0].time_ns)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
+from xstage.model import Profile, load_default_profile
 from xstage.model.params import PathParams
-from xstage.sched.costs import TaskCosts
+from xstage.moe.schedule import CANDIDATES, register_schedule
+from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import SimResult, simulate_kernel
-
-DEFAULT_CANDIDATES = ("expert_wave", "interleaved", "lag:1", "lag:2", "lag:4", "lag:8", "lag:16")
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ def plan_moe(
     path: PathParams,
     costs: TaskCosts,
     num_ctas: int,
-    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    candidates: Sequence[str] = CANDIDATES,
     block_ms: Sequence[int] | None = None,
     seed: int = 0,
     pacing: StorePacing | None = None,
@@ -71,32 +74,34 @@ def pick_moe_schedule(cfg: MoeConfig, path: PathParams, costs: TaskCosts, num_ct
     return plan_moe(cfg, path, costs, num_ctas, **kw)[0].schedule
 
 
-MODEL_GUIDED = "model_guided"
-
-
 def moe_path_params(path: str) -> PathParams:
     """The store path the planner assumes for a MoE buffer's remote rows.
 
     `host` and `peer` use the embedded profile of that path. `hbm` has no knee in the H200 probe's
     control run (`benchmarks/results/h200-host-probe/hbm/`: one SM issues at 63.7 GB/s, 132 SMs reach
     4.56 TB/s), so it is a path without windows at those measured rates, where only issue cost remains."""
-    import math
-
-    from xstage.model import load_default_profile
-
     if path == "hbm":
         return PathParams(r0=63.7e9, c_sm=math.inf, drain=4.56e12, capacity=math.inf)
     return load_default_profile(path).params
 
 
-def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int,
-                        candidates: Sequence[str] = DEFAULT_CANDIDATES) -> str:
-    """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape."""
-    from xstage.sched.costs import load_default_costs
-
+def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,
+                        candidates: Sequence[str] = CANDIDATES) -> str:
+    """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape, the
+    call's token count and store pacing."""
     c = buf.cfg
     cfg = MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
                     tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
                     block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic)
     return pick_moe_schedule(cfg, moe_path_params(buf.store_path), load_default_costs("moe"), num_ctas,
-                             candidates=candidates, pacing=buf.pacing)
+                             candidates=candidates, pacing=pacing)
+
+
+register_schedule("model_guided", chooser=pick_for_moe_buffer)
+
+
+def default_ctas(profile: Profile | None = None) -> int:
+    """Persistent CTAs to plan for: this GPU's SM count, else the SM count the profile was measured on."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).multi_processor_count
+    return (profile or load_default_profile()).sm_count

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from xstage.bench.plots import save_figure
+from xstage.results.plots import pyplot, save_figure
 from xstage.sched.simulate import SimResult
 
 COLORS = {"compute": "#4c72b0", "issue": "#55a868", "stall": "#c44e52", "wait": "#dddddd"}
@@ -13,10 +13,7 @@ COLORS = {"compute": "#4c72b0", "issue": "#55a868", "stall": "#c44e52", "wait": 
 
 def plot_timeline(result: SimResult, out_png: str | os.PathLike, *, title: str = "", max_ctas: int = 48) -> Path:
     """Draw up to `max_ctas` CTA rows (evenly chosen) and each path's backlog below them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ctas = sorted({s.cta for s in result.segments})
     if len(ctas) > max_ctas:
@@ -33,7 +30,7 @@ def plot_timeline(result: SimResult, out_png: str | os.PathLike, *, title: str =
     ax.set_yticks(range(len(ctas))[:: max(1, len(ctas) // 12)])
     ax.set_yticklabels([str(c) for c in ctas][:: max(1, len(ctas) // 12)])
     ax.invert_yaxis()
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # matplotlib loads with the first plot (see pyplot)
 
     ax.legend(handles=[Patch(color=c, label=k) for k, c in COLORS.items()], loc="upper right", fontsize=8, ncol=4)
     ax.set_title(title or f"predicted kernel time {result.time_ns / 1e3:.1f} us")

@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.model import load_default_profile
 from xstage.model.params import PathParams
 from xstage.sched.calibrate import fit_kind
 from xstage.sched.costs import TaskCosts
@@ -49,7 +50,8 @@ class UlyssesConfig:
     batch: int = 1
     block_m: int = 128
     block_n: int = 128
-    grid: int = 132
+    # Persistent programs: by default the SM count of the GPU the embedded profile was measured on.
+    grid: int = field(default_factory=lambda: load_default_profile().sm_count)
     elem_bytes: int = 2
 
     def __post_init__(self):
@@ -169,7 +171,7 @@ def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128) ->
         try:
             cfg = UlyssesConfig(heads=int(r["heads"]), head_dim=int(r["dim"]), tokens=int(r["tokens"]),
                                 ranks=int(r["P"]), block_m=int(r.get("block_m") or block_m),
-                                block_n=int(r.get("block_n") or block_n), grid=int(r.get("grid") or 132))
+                                block_n=int(r.get("block_n") or block_n), grid=int(r["grid"]))
             rounds = math.ceil(cfg.tiles / cfg.grid)
             by_dim.setdefault(cfg.head_dim, []).append((cfg.tile_work(), float(r["sender_ns"]) / rounds))
         except (KeyError, ValueError) as exc:
@@ -205,7 +207,7 @@ def _row_config(r: dict) -> UlyssesConfig:
     try:
         return UlyssesConfig(heads=int(r["heads"]), head_dim=int(r["dim"]), tokens=int(r["tokens"]),
                              ranks=int(r["P"]), block_m=int(r.get("block_m") or 128),
-                             block_n=int(r.get("block_n") or 128), grid=int(r.get("grid") or 132))
+                             block_n=int(r.get("block_n") or 128), grid=int(r["grid"]))
     except (KeyError, ValueError) as exc:
         raise InputError(f"Ulysses results row {r.get('heads')}x{r.get('dim')}/{r.get('tokens')}: "
                          f"malformed ({exc})") from None

@@ -2,7 +2,8 @@
 
 For every measured (shape, tokens, EP, variant) row of the fused kernel the planner's prediction is
 computed with the given path profile, task costs and the row's store pacing (the variant's `@`
-suffix, `xstage.comm.pacing.parse_pacing`). A variant without a suffix ran with the buffer default
+suffix, `xstage.moe.Variant`, resolved by `xstage.moe.resolve_pacing`). A variant without a suffix ran
+with the buffer default
 of the commit that measured it: `default_pacing` says which (`auto`: today's default of the row's
 path; `off` for results measured before the kernel had pacing). The
 report gives the relative error per row, its median and p90, and per configuration and pacing whose
@@ -19,26 +20,28 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from xstage.comm.pacing import parse_pacing
 from xstage.errors import InputError
 from xstage.model.params import PathParams
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.schedule import CANDIDATES, chooser
+from xstage.moe.variant import Variant
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
-from xstage.sched.plan import DEFAULT_CANDIDATES
 from xstage.sched.simulate import simulate_kernel
 
-FUSED_VARIANTS = ("expert_wave", "interleaved")
+BASELINES = ("unfused", "chain")  # rows of the benchmarks' baselines, not of the fused kernel
 
 
 def split_variant(variant: str, default_pacing: str = "auto") -> tuple[str, str]:
     """`"lag:4@off"` -> (`"lag:4"`, `"off"`); no suffix -> (schedule, `default_pacing`)."""
-    schedule, _, pace = variant.partition("@")
-    return schedule, pace or default_pacing
+    v = Variant.parse(variant)
+    return v.schedule, v.pacing_or(default_pacing)
 
 
 def _is_schedule(variant: str) -> bool:
-    schedule = split_variant(variant)[0]
-    return schedule in FUSED_VARIANTS or schedule.startswith("lag:")
+    """A fused-kernel row of a fixed order: not a baseline, nor a name chosen per call (`model_guided`
+    rows measure a pick, which the table's other rows already cover). An unknown name is an error."""
+    return variant not in BASELINES and chooser(split_variant(variant)[0]) is None
 
 
 def _config(row: dict) -> MoeConfig:
@@ -55,8 +58,11 @@ def _predict_row(job) -> float:
     row, path, costs, default_pacing = job
     cfg = _config(row)
     schedule, pace = split_variant(row["variant"], default_pacing)
-    pacing = parse_pacing(pace, row.get("path") or "host")
-    work = moe_work(cfg, schedule, costs, int(row.get("ctas") or 132))
+    pacing = resolve_pacing(pace, row.get("path") or "host", cfg.ep)
+    if not str(row.get("ctas", "")).isdigit():
+        raise InputError(f"results row {row.get('shape')}/{row.get('tokens')}/{row['variant']}: column 'ctas' must "
+                         "be the kernel's CTA count")
+    work = moe_work(cfg, schedule, costs, int(row["ctas"]))
     return simulate_kernel(work, {"remote": remote_path(path, pacing)}).time_ns
 
 
@@ -86,7 +92,7 @@ def _map(fn, jobs, workers: int, progress):
     return out
 
 
-def pick_accuracy(out: list[dict], candidates: Sequence[str] = DEFAULT_CANDIDATES, tolerance: float = 0.03) -> dict:
+def pick_accuracy(out: list[dict], candidates: Sequence[str] = CANDIDATES, tolerance: float = 0.03) -> dict:
     """Per configuration and pacing with every candidate measured: is the model's pick within
     max(`tolerance`, the best measured candidate's spread) of that best one?"""
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
@@ -109,10 +115,10 @@ def pick_accuracy(out: list[dict], candidates: Sequence[str] = DEFAULT_CANDIDATE
 
 
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, tolerance: float = 0.03,
-                 candidates: Sequence[str] = DEFAULT_CANDIDATES, default_pacing: str = "auto", progress=None,
+                 candidates: Sequence[str] = CANDIDATES, default_pacing: str = "auto", progress=None,
                  workers: int = 1) -> tuple[list[dict], dict]:
     """Per-row predictions and the summary (median/p90 error, pick accuracy)."""
-    parse_pacing(default_pacing, "host")  # a malformed spec fails here, before any simulation
+    Variant("expert_wave", default_pacing)  # a malformed spec fails here, before any simulation
     todo = [r for r in rows if _is_schedule(r.get("variant", "")) and int(r.get("ep", 0)) >= min_ep
             and r.get("time_ns") not in ("", None)]
     if not todo:

@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend. Loaded on first use: matplotlib is the slowest
+    import of the package and only plotting commands need it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -19,7 +21,7 @@ def _pyplot():
 
 def save_figure(fig, out_png: str | os.PathLike) -> Path:
     """Lay out, write (creating the folder) and close a figure; returns the PNG path."""
-    plt = _pyplot()
+    plt = pyplot()
     fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -43,7 +45,7 @@ def plot_lines(
     hline: float | None = None,
 ) -> Path:
     """One line per distinct value of `group_by`, points sorted by `x`."""
-    plt = _pyplot()
+    plt = pyplot()
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         label = ", ".join(f"{g}={r[g]}" for g in group_by)
@@ -75,7 +77,7 @@ def plot_bars(
     hline: float | None = None,
 ) -> Path:
     """Grouped bars: one group per label, one bar per key of `values`."""
-    plt = _pyplot()
+    plt = pyplot()
     n = max(1, len(values))
     width = 0.8 / n
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(labels) * n), 4.5))

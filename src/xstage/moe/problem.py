@@ -1,0 +1,128 @@
+"""MoE problem definitions: named shapes, the block spec, synthetic routing, and one problem instance.
+
+- `MoeShape` (`H4096-I2048-E256-K6`: hidden, intermediate, experts, top-k) with one parser, the
+  spelling of result rows, `--only shape=...` slices, `xstage plan moe --shape` and task costs.
+- `parse_block` / `format_block`: the block spec `BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]`; the default is
+  `BlockConfig()`, the one place block defaults live.
+- `routing`: uniform random top-k routing; `Problem`: inputs, weights and a loopback buffer of one
+  configuration, what benchmarks, calibration and GPU checks run.
+
+Example:
+    >>> from xstage.moe.problem import MoeShape, parse_block
+    >>> s = MoeShape.parse("H4096-I2048-E256-K6")
+    >>> s.hidden, str(s), parse_block("64:128:256:64:4:3", s.hidden).block_m
+    (4096, 'H4096-I2048-E256-K6', 64)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import torch
+
+from xstage.dtypes import parse_dtype
+from xstage.errors import InputError
+from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.moe.layout import transform_weights
+
+_SHAPE = re.compile(r"^H(\d+)-I(\d+)-E(\d+)-K(\d+)$")
+
+
+class MoeShape(NamedTuple):
+    """An MoE layer's sizes: hidden, intermediate (per expert), number of experts, top-k."""
+
+    hidden: int
+    intermediate: int
+    num_experts: int
+    topk: int
+
+    @classmethod
+    def parse(cls, text, arg: str = "shape") -> MoeShape:
+        """`"H4096-I2048-E256-K6"` -> MoeShape; a MoeShape or a 4-tuple passes through."""
+        if isinstance(text, tuple) and len(text) == 4:
+            return cls(*(int(v) for v in text))
+        m = _SHAPE.match(str(text).strip())
+        if not m or any(int(g) < 1 for g in m.groups()):
+            raise InputError(f"{arg}={text!r}: expected H<hidden>-I<intermediate>-E<experts>-K<topk> with "
+                             "positive sizes, e.g. H4096-I2048-E256-K6")
+        return cls(*(int(g) for g in m.groups()))
+
+    def __str__(self) -> str:
+        return f"H{self.hidden}-I{self.intermediate}-E{self.num_experts}-K{self.topk}"
+
+
+# The four shapes of the benchmark grids and of the tile-cost calibration, in report order.
+SHAPES: dict[str, MoeShape] = {s: MoeShape.parse(s) for s in (
+    "H4096-I2048-E256-K6", "H7168-I3072-E384-K6", "H4096-I1536-E128-K8", "H1152-I4608-E8-K2")}
+
+_FLAG_LETTERS = set("td-")
+
+
+def format_block(cfg: BlockConfig) -> str:
+    """The block spec of `cfg` (without flags): `BM:BN1:BN2:BK:WARPS:STAGES`."""
+    return ":".join(str(v) for v in (cfg.block_m, cfg.block_n1, cfg.block_n2, cfg.block_k, cfg.num_warps,
+                                     cfg.num_stages))
+
+
+DEFAULT_BLOCK = format_block(BlockConfig())
+
+
+def parse_block(spec: str | None, hidden: int) -> BlockConfig:
+    """`"BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]"` -> BlockConfig; None -> the defaults. BN2 halves until it
+    divides `hidden`.
+
+    FLAGS (optional) picks the kernel variant: letters `t` (TMA loads) and `d` (dynamic task fetch), or
+    `-` for neither; without it the BlockConfig defaults apply."""
+    parts = (spec or DEFAULT_BLOCK).split(":")
+    flags = parts.pop() if len(parts) == 7 else None
+    try:
+        if len(parts) != 6:
+            raise ValueError
+        bm, bn1, bn2, bk, warps, stages = (int(v) for v in parts)
+    except ValueError:
+        raise InputError(f"block {spec!r}: expected BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]") from None
+    if flags is not None and (not flags or set(flags) - _FLAG_LETTERS):
+        raise InputError(f"block {spec!r}: FLAGS must be made of 't' (TMA), 'd' (dynamic) or be '-'")
+    while bn2 > 1 and hidden % bn2:
+        bn2 //= 2
+    # Dispatch copies [BM, BD] chunks one after another, each waiting for its loads: wide chunks
+    # keep more bytes in flight (the copy was latency-bound at BD=128).
+    bd = next((b for b in (512, 256, 128, 64, 32, 16, 8) if hidden % b == 0), None)
+    if bd is None:
+        raise InputError(f"hidden={hidden}: must be a multiple of 8")
+    variant = {} if flags is None else dict(tma="t" in flags, dynamic="d" in flags)
+    return BlockConfig(block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk, block_d=bd, num_warps=warps,
+                       num_stages=stages, **variant)
+
+
+def routing(T: int, E: int, K: int, device, seed: int = 0):
+    """Uniform random top-k routing (distinct experts per token) and normalised weights."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    scores = torch.rand(T, E, generator=g, device=device)
+    w, idx = torch.topk(scores, K, dim=1)
+    return idx.contiguous(), (w / w.sum(1, keepdim=True)).float().contiguous()
+
+
+class Problem:
+    """Inputs, weights and a loopback buffer of one configuration on one device (rank 0 of `ep`)."""
+
+    def __init__(self, shape, tokens: int, ep: int, path: str, cfg: BlockConfig | None = None, device="cuda",
+                 dtype="bf16", seed: int = 0, pacing="auto"):
+        H, I, E, K = self.shape = MoeShape.parse(shape)
+        dtype = parse_dtype(dtype)
+        self.H, self.I, self.E, self.K, self.T, self.ep = H, I, E, K, tokens, ep
+        el = E // ep
+        g = torch.Generator(device=device).manual_seed(seed + 1)
+        self.x = torch.randn(tokens, H, generator=g, device=device, dtype=dtype)
+        self.idx, self.w = routing(tokens, E, K, device, seed)
+        self.l1 = torch.randn(el, 2 * I, H, generator=g, device=device, dtype=dtype).mul_(H**-0.5)
+        self.l2 = torch.randn(el, H, I, generator=g, device=device, dtype=dtype).mul_(I**-0.5)
+        self.cfg = cfg or parse_block(None, H)
+        self.buf = MoEBuffer(tokens, E, K, H, I, LoopbackGroup(ep, path=path), device=device, dtype=dtype,
+                             config=self.cfg, pacing=pacing)
+        self.w1t, self.w2 = transform_weights(self.l1, self.l2, self.cfg.block_n1)
+        self.rows = tokens * K  # rows rank 0 computes (each of its (token, slot) pairs exactly once)
+
+    def flops(self) -> float:
+        return 6.0 * self.rows * self.H * self.I

@@ -1,0 +1,68 @@
+"""One variant type (schedule + pacing), one schedule registry, and `model_guided` after `import xstage`."""
+
+import subprocess
+import sys
+
+import pytest
+
+from xstage.errors import InputError
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.schedule import CANDIDATES, register_schedule, schedule_names
+from xstage.moe.variant import Variant, parse_variants
+
+
+@pytest.mark.parametrize("text,schedule,pacing", [
+    pytest.param("lag:4", "lag:4", None, id="no-pacing"),
+    pytest.param("lag:4@off", "lag:4", "off", id="off"),
+    pytest.param("interleaved@50:128", "interleaved", "50:128", id="rate-budget"),
+    pytest.param("expert_wave@auto", "expert_wave", "auto", id="auto"),
+])
+def test_variant_parses_and_formats_back(text, schedule, pacing):
+    v = Variant.parse(text)
+    assert (v.schedule, v.pacing) == (schedule, pacing)
+    assert str(v) == text and Variant.parse(str(v)) == v
+    assert v.pacing_or("off") == (pacing or "off")
+
+
+@pytest.mark.parametrize("bad", ["", "lag", "lag:x", "wave", "lag:4@", "lag:4@fast", "lag:4@50", "interleaved:2"])
+def test_bad_variants_name_the_problem(bad):
+    with pytest.raises(InputError, match="variant|schedule|pacing"):
+        Variant.parse(bad)
+
+
+def test_parse_variants_names_the_argument():
+    assert [str(v) for v in parse_variants("expert_wave, lag:4@off")] == ["expert_wave", "lag:4@off"]
+    with pytest.raises(InputError, match="--schedules"):
+        parse_variants("expert_wave,bogus")
+    with pytest.raises(InputError, match="--schedules"):
+        parse_variants(" , ")
+
+
+def test_one_registry_serves_every_list():
+    names = schedule_names()
+    assert {"expert_wave", "interleaved", "lag"} <= set(names)
+    for c in CANDIDATES:
+        Variant.parse(c)  # every candidate is a registered order
+    with pytest.raises(InputError, match="exactly one"):
+        register_schedule("both", lambda *a: [], chooser=lambda *a: "lag:1")
+
+
+def test_resolve_pacing_is_the_one_resolver():
+    assert resolve_pacing("off", "host", 4) is None
+    assert resolve_pacing(None, "host", 4) is None
+    auto = resolve_pacing("auto", "host", 4)
+    assert auto is not None and 40e9 < auto.rate < 60e9  # 0.9 x the host profile's ~55 GB/s drain
+    assert resolve_pacing("auto", "hbm", 4) is None and resolve_pacing("auto", "host", 1) is None
+    assert resolve_pacing("50:128", "hbm", 4).budget == 128 * 1024
+    with pytest.raises(InputError, match="pacing"):
+        resolve_pacing(5e10, "host", 4)
+
+
+def test_model_guided_works_after_import_xstage_alone():
+    code = ("import xstage\n"
+            "from xstage.moe.schedule import chooser\n"
+            "assert chooser('model_guided') is not None\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
