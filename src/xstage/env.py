@@ -1,33 +1,68 @@
-"""What machine and software a measurement came from: attached to every profile and result row."""
+"""What machine and software a measurement came from: attached to every profile and result row.
+
+Source provenance has two fields. `git_commit` names the commit: from git where the tree has its
+metadata (with `-dirty` when tracked files differ from HEAD or the package directory holds untracked
+files), otherwise `XSTAGE_GIT_COMMIT` as given (a copy of the tree on a device machine), otherwise
+`unknown`. `src_hash` is a hash of the package's own files computed at run time: two rows with the
+same commit but different hashes ran different code (a stale `XSTAGE_GIT_COMMIT`, or edits).
+"""
 
 from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import os
 import platform
 import subprocess
 from pathlib import Path
 
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# The files whose contents decide what a run computes: code, embedded profiles and reference data.
+SOURCE_SUFFIXES = (".py", ".json", ".csv")
+UNKNOWN_COMMITS = ("", "unknown", "none")
 
-def _git_commit() -> str:
-    """The source tree's commit; a copied tree without git metadata takes `XSTAGE_GIT_COMMIT`."""
-    named = os.environ.get("XSTAGE_GIT_COMMIT")
-    if named:
-        return named
-    here = Path(__file__).resolve().parent
+
+def _git(*args: str, cwd: Path) -> str | None:
+    """stdout of a git command in `cwd`, or None where git or the repository's metadata is absent."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if out.returncode != 0:
-        return "unknown"
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True, text=True
-    )
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _git_commit(package_dir: str | os.PathLike | None = None) -> str:
+    """The source tree's commit (`COMMIT-dirty` where it differs from HEAD); a copied tree without git
+    metadata takes `XSTAGE_GIT_COMMIT` as given; `unknown` where neither is there."""
+    here = Path(package_dir) if package_dir is not None else _PACKAGE_DIR
+    head = _git("rev-parse", "--short=12", "HEAD", cwd=here)
+    if head is None or not head.strip():
+        return os.environ.get("XSTAGE_GIT_COMMIT", "").strip() or "unknown"
+    # Tracked changes anywhere in the repository, and new files inside the package (a module not yet
+    # added still runs); untracked output folders elsewhere do not make the code differ.
+    tracked = _git("status", "--porcelain", "--untracked-files=no", cwd=here)
+    untracked = _git("ls-files", "--others", "--exclude-standard", "--", ".", cwd=here)
+    dirty = tracked is None or untracked is None or bool(tracked.strip() or untracked.strip())
+    return head.strip() + ("-dirty" if dirty else "")
+
+
+def source_hash(package_dir: str | os.PathLike | None = None) -> str:
+    """First 12 hex digits of sha256 over the sorted relative paths and contents of the `*.py`,
+    `*.json` and `*.csv` files under the package directory (`package_dir` replaces it, for tests).
+
+    Independent of git, file times and the location of the tree, so a device copy of a commit
+    hashes like the checkout it came from."""
+    root = Path(package_dir) if package_dir is not None else _PACKAGE_DIR
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                   if p.suffix in SOURCE_SUFFIXES and p.is_file() and "__pycache__" not in p.parts)
+    h = hashlib.sha256()
+    for rel in files:
+        data = (root / rel).read_bytes()
+        # path, length, contents: no two different trees give the same byte stream
+        h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0")
+        h.update(data)
+    return h.hexdigest()[:12]
 
 
 def _driver_version() -> str:
@@ -43,7 +78,8 @@ def _driver_version() -> str:
 
 @functools.lru_cache(maxsize=1)
 def environment() -> dict[str, str]:
-    """Provenance columns: gpu, sm_count, driver, cuda, torch, triton, python, git_commit, date."""
+    """Provenance columns: gpu, sm_count, driver, cuda, torch, triton, python, host, git_commit,
+    src_hash, date."""
     info: dict[str, str] = {
         "gpu": "none",
         "sm_count": "0",
@@ -54,6 +90,7 @@ def environment() -> dict[str, str]:
         "python": platform.python_version(),
         "host": platform.node(),
         "git_commit": _git_commit(),
+        "src_hash": source_hash(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
     }
     try:
