@@ -3,10 +3,17 @@
 # (bf16 correctness, loopback host/hbm, ranks sharing the GPU), then as much of the loopback grid as
 # the time allows (resumable). Results (core.csv, ulysses.csv, summary.md, plots) go to $OUT/results,
 # logs to $OUT (default ./out/attention).
-#   usage: benchmarks/attention_gpu.sh [core|tests|grid]...   (default: all three)
+#   usage: XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/attention_gpu.sh [core|tests|grid]...
+#   (default: all three)
 #   GRID_PATH=hbm puts the other ranks' buffers in device memory; GRID_BURST=1 measures the fused rows
 #   with the whole-tile (burst) epilogue instead of the paced one (use its own OUT).
 set -uo pipefail
+if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
+  echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
+    "XSTAGE_GIT_COMMIT=\$(git rev-parse --short=12 HEAD) bash $0" >&2
+  exit 2
+fi
+export XSTAGE_GIT_COMMIT
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
@@ -36,7 +43,7 @@ for step in "${steps[@]}"; do
       for csv in "$RES/core.csv" ${TUNED_FROM:-}; do if [ -f "$csv" ]; then only+=(--tuned-from "$csv"); fi; done
       [ -n "${GRID_BURST:-}" ] && only+=(--burst)
       timeout "${GRID_TIMEOUT:-$((GRID_SECONDS + 120))}" python3 -m xstage bench ulysses -o "$RES" --path "${GRID_PATH:-host}" \
-        --warmup "${GRID_WARMUP:-1}" --rep "${GRID_REP:-6}" --max-seconds "$GRID_SECONDS" "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
+        --warmup "${GRID_WARMUP:-1}" --rep "${GRID_REP:-6}" --budget-s "$GRID_SECONDS" "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
     *) echo "unknown step $step"; exit 2 ;;
   esac
 done

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
-# Usage: benchmarks/moe_gpu.sh [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid]   (results under $OUT or benchmarks/results)
+# Usage (repository root): XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/moe_gpu.sh \
+#   [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid]   (results under $OUT or benchmarks/results)
 set -u
+if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
+  echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
+    "XSTAGE_GIT_COMMIT=\$(git rev-parse --short=12 HEAD) bash $0" >&2
+  exit 2
+fi
+export XSTAGE_GIT_COMMIT
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src
@@ -18,27 +25,28 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 for step in $steps; do
   start=$(date +%s)
   case $step in
-    check) timeout "${CHECK_S:-100}" python3 -u -m xstage.bench.moe check 2>&1 | tail -40 ;;
+    check) timeout "${CHECK_S:-100}" python3 -u -m pytest -q -s -m gpu tests/moe/test_gpu_check.py -p no:cacheprovider \
+             2>&1 | tail -40 ;;
     precompile)  # compile each block variant of EP1_BLOCKS in its own process, side by side (Triton's cache keeps them)
       i=0
       for spec in ${EP1_BLOCKS//,/ }; do
-        timeout "${PRECOMPILE_S:-240}" python3 -m xstage.bench.moe ep1 -o "/tmp/precompile-$i" --shapes "${PRECOMPILE_SHAPE:-H4096-I1536-E128-K8}" \
+        timeout "${PRECOMPILE_S:-240}" python3 benchmarks/experiments/moe_ep1.py -o "/tmp/precompile-$i" --shapes "${PRECOMPILE_SHAPE:-H4096-I1536-E128-K8}" \
           --tokens 256 --blocks "$spec" --warmup 0 --rep 1 ${EP1_ARGS:-} > "/tmp/precompile-$i.log" 2>&1 &
         i=$((i + 1))
       done
       wait
       grep -h "regs=\|Error" /tmp/precompile-*.log | cut -c1-400 ;;
-    ep1) timeout "${EP1_S:-130}" python3 -u -m xstage.bench.moe ep1 -o "$OUT_DIR" ${EP1_BLOCKS:+--blocks "$EP1_BLOCKS"} ${EP1_ARGS:-} 2>&1 \
+    ep1) timeout "${EP1_S:-130}" python3 -u benchmarks/experiments/moe_ep1.py -o "$OUT_DIR" ${EP1_BLOCKS:+--blocks "$EP1_BLOCKS"} ${EP1_ARGS:-} 2>&1 \
            | tee "$OUT_DIR/ep1.log" | grep -v "^ep1 " | tail -40 ;;
     calibrate) timeout "${CAL_S:-150}" python3 -u -m xstage plan calibrate -o "${OUT:-benchmarks/results}/h200-moe-tiles" \
                  ${CAL_ARGS:-} 2>&1 | tail -30 ;;
     op) timeout "${OP_S:-60}" python3 -u -m pytest -q -x -m gpu tests/moe/test_op.py 2>&1 | tail -15 ;;
     multirank) timeout "${MULTI_S:-70}" python3 -u -m pytest -q -x -m gpu tests/moe/test_multirank.py 2>&1 | tail -15 ;;
     pace)  # store pacing: schedules x pacings at the link-heavy configurations (EP 2-4, 4096 and 16384 tokens)
-      timeout "${PACE_S:-240}" python3 -u -m xstage.bench.moe grid -o "${PACE_DIR:-${OUT:-benchmarks/results}/h200-moe-pacing}" \
+      timeout "${PACE_S:-240}" python3 -u -m xstage bench moe -o "${PACE_DIR:-${OUT:-benchmarks/results}/h200-moe-pacing}" \
         --only ep=2,4 --only tokens=4096,16384 --schedules "$PACE_VARIANTS" --warmup 2 --rep 10 2>&1 | tail -40 ;;
-    grid) timeout "${GRID_S:-250}" python3 -u -m xstage.bench.moe grid -o "${GRID_DIR:-$OUT_DIR}" --budget-s "${GRID_BUDGET_S:-200}" \
-            ${GRID_ARGS:-} 2>&1 | tail -60 ;;
+    grid) timeout "${GRID_S:-250}" python3 -u -m xstage bench moe -o "${GRID_DIR:-$OUT_DIR}" --budget-s "${GRID_BUDGET_S:-200}" \
+            --warmup 3 --rep 10 ${GRID_ARGS:-} 2>&1 | tail -60 ;;
   esac
   echo "== $step: $(( $(date +%s) - start )) s"
 done

@@ -6,6 +6,12 @@
 # The fit runs afterwards on any machine: xstage probe --analyse-only -o h200-host-probe
 # Usage (repository root): XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/probe_gpu.sh
 set -u
+if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
+  echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
+    "XSTAGE_GIT_COMMIT=\$(git rev-parse --short=12 HEAD) bash $0" >&2
+  exit 2
+fi
+export XSTAGE_GIT_COMMIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-out}

@@ -6,7 +6,7 @@
 2. Traced: the fused kernel on the `host` and the `hbm` loopback paths with `trace=` on; the median
    Linear-1 tile (which stores nothing) on each path.
 
-    PYTHONPATH=src python3 benchmarks/moe_beside_busy_link.py -o OUT_DIR
+    PYTHONPATH=src python3 benchmarks/experiments/moe_busy_link.py -o OUT_DIR
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
-from xstage.bench.moe import BLOCK, Problem, parse_block
-from xstage.bench.results import ResultWriter
 from xstage.moe.fused import launch_main, launch_reduce, plan
+from xstage.moe.problem import DEFAULT_BLOCK, MoeShape, Problem, parse_block
 from xstage.moe.schedule import LINEAR1
+from xstage.results import ResultWriter
 
 BESIDE = ["shape", "tokens", "storing_ctas", "idle_ns", "busy_ns", "store_ns_nominal"]
 TRACED = ["shape", "tokens", "ep", "schedule", "path", "linear1_median_ns", "kernel_span_ns"]
@@ -39,12 +39,12 @@ def store_loop(p_dst, store_elems, n_iter, SB: tl.constexpr):
 
 
 def _problem(shape: str, tokens: int, ep: int, path: str) -> Problem:
-    return Problem(shape, tokens, ep, path, parse_block(BLOCK, int(shape.split("-")[0][1:])))
+    return Problem(shape, tokens, ep, path, parse_block(DEFAULT_BLOCK, MoeShape.parse(shape).hidden))
 
 
 def beside(out: Path, cases=(("H4096-I2048-E256-K6", 4096), ("H4096-I1536-E128-K8", 4096),
                              ("H7168-I3072-E384-K6", 1024)), storers=(16, 33, 66), passes: int = 60) -> None:
-    writer = ResultWriter(out / "beside_busy_link.csv", BESIDE, BESIDE[:3])
+    writer = ResultWriter(out / "beside_busy_link.csv", BESIDE, BESIDE[:3], require_commit=True)
     store_elems = 256 << 10  # 1 MiB per CTA and pass
     s_moe, s_st = torch.cuda.Stream(), torch.cuda.Stream()
     for shape, tokens in cases:
@@ -83,7 +83,7 @@ def beside(out: Path, cases=(("H4096-I2048-E256-K6", 4096), ("H4096-I1536-E128-K
 
 def traced(out: Path, cases=(("H4096-I2048-E256-K6", 16384, 2, "interleaved"),
                              ("H4096-I1536-E128-K8", 8192, 2, "lag:4"))) -> None:
-    writer = ResultWriter(out / "traced_linear1.csv", TRACED, TRACED[:5])
+    writer = ResultWriter(out / "traced_linear1.csv", TRACED, TRACED[:5], require_commit=True)
     for shape, tokens, ep, schedule in cases:
         for path in ("hbm", "host"):
             key = {"shape": shape, "tokens": tokens, "ep": ep, "schedule": schedule, "path": path}

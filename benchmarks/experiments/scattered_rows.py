@@ -7,7 +7,7 @@ CTAs store rows of `row_bytes` at a fixed pitch into pinned host memory (`host`)
 (`hbm`), either in order (row i of the launch at position i) or at uniformly random rows of a
 `footprint`-byte buffer, and the sustained bytes per second are reported.
 
-    PYTHONPATH=src python3 benchmarks/scattered_rows.py -o OUT_DIR   # resumable
+    PYTHONPATH=src python3 benchmarks/experiments/scattered_rows.py -o OUT_DIR   # resumable
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xstage.bench.results import ResultWriter
+from xstage.results import ResultWriter
 
 COLUMNS = ["dest", "footprint_bytes", "pitch_bytes", "row_bytes", "order", "ctas", "gb_per_s"]
 
@@ -40,7 +40,7 @@ def run(out: Path, footprints_mib=(128, 256, 512, 1024, 2048), row_bytes=(256, 5
         rows_per_cta: int = 512, n_iter: int = 4, reps: int = 5, dests=("host", "hbm")) -> list[dict]:
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     n = ctas * rows_per_cta
-    writer = ResultWriter(out / "scattered_rows.csv", COLUMNS, COLUMNS[:5])
+    writer = ResultWriter(out / "scattered_rows.csv", COLUMNS, COLUMNS[:5], require_commit=True)
     rows_out = []
     gen = torch.Generator().manual_seed(0)
     for dest in dests:

@@ -18,7 +18,7 @@ by `xstage.comm.pacing` (SPEC as in `parse_pacing`: `off`, or GB/s:KiB such as `
 reports the throughput the storers reach: does pacing keep the readers' speed, and at what cost to
 the link?
 
-    PYTHONPATH=src python3 benchmarks/store_then_load.py -o OUT_DIR [--bystanders] [--paced off,50:128]
+    PYTHONPATH=src python3 benchmarks/experiments/store_then_load.py -o OUT_DIR [--bystanders] [--paced off,50:128]
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from xstage.bench.results import ResultWriter
 from xstage.comm.device import globaltimer
 from xstage.comm.pacing import pace_stores, pacing_args, parse_pacing
+from xstage.results import ResultWriter
 
 COLUMNS = ["dest", "ctas", "store_bytes", "read_bytes", "store_ns", "read_ns"]
 BYSTANDER_COLUMNS = ["dest", "storing_ctas", "reading_ctas", "read_bytes", "read_ns"]
@@ -128,7 +128,7 @@ def run_paced_bystanders(out: Path, specs, storers=(33, 66, 99), rounds: int = 2
     t = torch.zeros(n_sm, dtype=torch.int64, device="cuda")
     clock = torch.zeros(1, dtype=torch.int64, device="cuda")
     err = torch.zeros(2, dtype=torch.int32, device="cuda")
-    writer = ResultWriter(out / "bystander_reads_paced.csv", PACED_COLUMNS, PACED_COLUMNS[:3])
+    writer = ResultWriter(out / "bystander_reads_paced.csv", PACED_COLUMNS, PACED_COLUMNS[:3], require_commit=True)
     rows = []
     for spec in specs:
         fs, budget_ns = pacing_args(parse_pacing(spec, "host"))
@@ -161,7 +161,7 @@ def run_bystanders(out: Path, storers=(0, 8, 33, 66, 99), rounds: int = 20, reps
     src = torch.ones(n_sm * read_elems, dtype=torch.bfloat16, device="cuda")
     sink = torch.empty(n_sm * 2048, device="cuda")
     t = torch.zeros(n_sm, dtype=torch.int64, device="cuda")
-    writer = ResultWriter(out / "bystander_reads.csv", BYSTANDER_COLUMNS, BYSTANDER_COLUMNS[:2])
+    writer = ResultWriter(out / "bystander_reads.csv", BYSTANDER_COLUMNS, BYSTANDER_COLUMNS[:2], require_commit=True)
     rows = []
     for dest, passes in (("host", 12), ("hbm", 400)):  # both outlast the readers' 20 rounds
         for k in storers:
@@ -190,7 +190,7 @@ def run(out: Path, store_kib=(0, 4, 16, 32, 64, 128, 256), rounds: int = 20, rep
     src = torch.ones(n_sm * read_elems, dtype=torch.bfloat16, device="cuda")
     sink = torch.empty(n_sm * 2048, device="cuda")
     t = torch.zeros(n_sm * 2, dtype=torch.int64, device="cuda")
-    writer = ResultWriter(out / "store_then_load.csv", COLUMNS, COLUMNS[:3])
+    writer = ResultWriter(out / "store_then_load.csv", COLUMNS, COLUMNS[:3], require_commit=True)
     rows = []
     for dest in ("host", "hbm"):
         for kib in store_kib:

@@ -23,8 +23,8 @@ PCIe), the stores stall the programs, and the kernel's compute stretches (on one
 24 x 128: 1.17x attention alone at 118800 tokens, P=2; paced 1.06x; see
 benchmarks/results/h200-ulysses/runs.md). Once a tile's last chunk is sent (at least one pacing
 period before the tile's end), the program raises the owners' per-source counters with a release
-add, which then finds the stores landed (see `shared/design/burst-gap.md`). The last tile of each
-program has no next tile to hide in: it is sent after the loop.
+add, which then finds the stores landed (release/acquire, `xstage.comm.device`). The last tile of
+each program has no next tile to hide in: it is sent after the loop.
 
 Example:
     >>> import torch
@@ -344,15 +344,6 @@ def _num_sms(device: torch.device) -> int:
     return 4
 
 
-_LAST_KERNEL: list = [None]
-
-
-def last_kernel():
-    """The compiled kernel of the last `flash_attention` launch (None in the interpreter): its
-    `.asm` holds the PTX and cubin, for checking the instructions Triton chose."""
-    return _LAST_KERNEL[0]
-
-
 @dataclass(frozen=True)
 class Exchange:
     """Where the epilogue sends each output row (see `xstage.attention.ulysses`).
@@ -395,12 +386,15 @@ def flash_attention(
     out: torch.Tensor | None = None,
     config: FlashConfig | None = None,
     exchange: Exchange | None = None,
+    launched: list | None = None,
 ) -> torch.Tensor:
     """Non-causal attention over `[B, S, H, D]` tensors; returns `out` (`[B, S_q, H, D]`, q's dtype).
 
     `kv_lens` (int32 [B], optional) limits batch b's keys to its first `kv_lens[b]` (padded
     sequences). `softmax_scale` defaults to `1/sqrt(D)`. `exchange` routes the output rows to other
     ranks' buffers instead of `out` (then `out` is this rank's own output buffer and is returned).
+    `launched` (a list, optional) receives the compiled kernel of this call (None in the interpreter
+    or when nothing is launched): its `.asm` holds the PTX and cubin Triton chose.
 
     Example:
         >>> q = k = v = torch.randn(2, 100, 4, 32, dtype=torch.float16)
@@ -427,6 +421,8 @@ def flash_attention(
         raise InputError("out: required with exchange (this rank's own output buffer)")
     cfg = config or default_config(D, q.dtype, q.device)
     if S_q == 0 or B == 0 or H == 0:
+        if launched is not None:
+            launched.append(None)
         return out
     n_m = triton.cdiv(S_q, cfg.block_m)
     n_tiles = B * H * n_m
@@ -456,7 +452,7 @@ def flash_attention(
         ex_args = (e.dst_table, e.row0, e.batch_stride, e.row_stride, e.head_stride, e.head_offset,
                    e.sig_table, e.sig_like, stage)
         o_strides = (0, 0, 0)
-    _LAST_KERNEL[0] = _attn_fwd_kernel[(grid,)](
+    kernel = _attn_fwd_kernel[(grid,)](
         *args_qkv, out,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), *o_strides,
@@ -470,4 +466,6 @@ def flash_attention(
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if launched is not None:
+        launched.append(kernel)
     return out
