@@ -1,59 +1,118 @@
-"""Summary of a fused-MoE results CSV: speedups over expert_wave per path, store pacing, EP=1 vs the chain.
+"""Summary of a fused-MoE results CSV: speedups over expert_wave at the same store pacing, per path.
 
 `summarize(out_dir)` reads `out_dir/moe.csv` (written by `xstage bench moe` or the multi-GPU bench)
-and writes `summary.md` and the speedup plots; it returns the per-path, per-variant geomean / max.
+and writes `summary.md` and the speedup plots; it returns, per path and variant, the number of
+configurations, the geomean / max / min speedup and how many configurations the variant loses.
+
+Every speedup is taken over `expert_wave` with the same pacing suffix (`lag:8` over `expert_wave`,
+`lag:4@off` over `expert_wave@off`). The best schedule per configuration is chosen after measuring,
+so it is reported as the oracle, beside the best constant variant (one schedule for every
+configuration, chosen by geomean).
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from pathlib import Path
 
-from xstage.bench.results import read_rows
+from xstage.moe.problem import SHAPES
+from xstage.results import geomean, read_rows
+from xstage.results.plots import plot_lines
+
+__all__ = ["SUMMARY_INTRO", "SUMMARY_TITLE", "geomean", "summarize"]
+
+_NOT_FUSED = ("unfused", "chain")
 
 
-def _shapes():
-    from xstage.bench.moe import SHAPES  # the grid's shapes, in report order
-
-    return SHAPES
-
-
-def _eps():
-    from xstage.bench.moe import EPS
-
-    return EPS
+def _pacing(variant: str) -> str:
+    """The pacing suffix of a variant: `lag:4@off` -> `off`; no suffix -> `` (the run's default)."""
+    return variant.partition("@")[2]
 
 
-def geomean(v):
-    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else float("nan")
+def _baseline(variant: str) -> str:
+    """The variant a speedup is taken over: `expert_wave` with the same pacing suffix."""
+    pace = _pacing(variant)
+    return f"expert_wave@{pace}" if pace else "expert_wave"
+
+
+def _pace_label(pace: str) -> str:
+    return f"`@{pace}`" if pace else "default (no suffix)"
+
+
+def _shape_order(shapes) -> list[str]:
+    known = [s for s in SHAPES if s in shapes]
+    return known + sorted(s for s in shapes if s not in SHAPES)
+
+
+def _times(rows: list[dict]) -> dict[tuple, float]:
+    return {(r["shape"], int(r["tokens"]), int(r["ep"]), r["variant"]): float(r["time_ns"])
+            for r in rows if r.get("time_ns") not in ("", None)}
+
+
+def _speedups(t: dict[tuple, float]) -> dict[str, dict[tuple, float]]:
+    """variant -> configuration -> time of its same-pacing expert_wave over its time."""
+    out: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for (*cfg, variant), time_ns in t.items():
+        base = t.get((*cfg, _baseline(variant)))
+        if base is not None and time_ns > 0:
+            out[variant][tuple(cfg)] = base / time_ns
+    return out
+
+
+def _stats(values) -> dict:
+    v = list(values)
+    return dict(configs=len(v), geomean=geomean(v), max=max(v), min=min(v), losses=sum(x < 1.0 for x in v))
+
+
+def _cell(s: dict) -> str:
+    return f"{s['geomean']:.3f} / {s['min']:.3f}"
 
 
 def _speedup_section(multi: list[dict], path: str) -> tuple[list[str], dict]:
-    """Markdown lines and per-variant geomean/max speedups over expert_wave for one store path."""
-    by_var = defaultdict(list)
-    for r in multi:
-        by_var[r["variant"]].append(float(r["speedup"]))
-    summary = {v: dict(configs=len(s), geomean=geomean(s), max=max(s)) for v, s in by_var.items()}
-    lines = [f"## Path `{path}`", "", "| variant | configs | geomean speedup | max speedup |", "|---|---|---|---|"]
-    for v, s in sorted(summary.items()):
-        lines.append(f"| {v} | {s['configs']} | {s['geomean']:.3f} | {s['max']:.3f} |")
-    fused = [v for v in summary if v not in ("expert_wave", "unfused", "chain")]
-    if fused:
-        best = defaultdict(list)
-        for r in multi:
-            best[(r["shape"], r["tokens"], r["ep"])].append(float(r["speedup"]) if r["variant"] in fused else 1.0)
-        b = [max(v) for v in best.values()]
-        lines += ["", f"Best schedule per configuration: geomean {geomean(b):.3f}, max {max(b):.3f} "
-                      f"over {len(b)} configurations.", "",
-                  "| shape | EP | " + " | ".join(fused) + " |", "|---|---|" + "---|" * len(fused)]
-        for shape in _shapes():
-            for ep in _eps():
+    """Markdown lines and per-variant statistics of the speedup over same-pacing expert_wave."""
+    t = _times(multi)
+    sp = _speedups(t)
+    summary = {v: dict(_stats(s.values()), baseline=_baseline(v)) for v, s in sp.items() if s}
+    lines = [f"## Path `{path}`", "",
+             "Speedup = time of `expert_wave` at the same pacing over time of the variant, per configuration "
+             "(shape, tokens, EP). `slower in`: configurations where the variant is slower than its baseline.", "",
+             "| variant | baseline | configs | geomean | max | min | slower in |", "|---|---|---|---|---|---|---|"]
+    for v, s in sorted(summary.items(), key=lambda kv: (_pacing(kv[0]), kv[0])):
+        lines.append(f"| {v} | {s['baseline']} | {s['configs']} | {s['geomean']:.3f} | {s['max']:.3f} | "
+                     f"{s['min']:.3f} | {s['losses']} of {s['configs']} |")
+    fused = [v for v in summary if v not in _NOT_FUSED]
+    by_pace: dict[str, list[str]] = defaultdict(list)
+    for v in fused:
+        by_pace[_pacing(v)].append(v)
+    for pace, variants in sorted(by_pace.items()):
+        base = _baseline(variants[0])
+        cfgs = sorted({c for v in variants for c in sp[v]})
+        # The oracle takes every configuration's fastest schedule, known only after measuring it.
+        oracle = [t[(*c, base)] / min(t[(*c, v)] for v in variants if (*c, v) in t) for c in cfgs]
+        others = [v for v in variants if v != base]
+        lines += ["", f"Pacing {_pace_label(pace)}, over `{base}`, {len(cfgs)} configurations:"]
+        if others:
+            const = max(others, key=lambda v: (summary[v]["geomean"], v))
+            s = summary[const]
+            lines.append(f"- best constant variant (one schedule everywhere, chosen by geomean): `{const}` geomean "
+                         f"{s['geomean']:.3f}, max {s['max']:.3f}, min {s['min']:.3f}, slower in {s['losses']} "
+                         f"of {s['configs']};")
+        o = _stats(oracle)
+        lines.append(f"- oracle (best of {len(variants)} schedules per configuration, chosen after measuring): "
+                     f"geomean {o['geomean']:.3f}, max {o['max']:.3f}.")
+    cols = sorted(fused, key=lambda v: (_pacing(v), v))
+    cols = [v for v in cols if v != _baseline(v)]
+    if cols:
+        lines += ["", "Per shape and EP, each cell is geomean / min over the token counts.", "",
+                  "| shape | EP | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+        shapes = _shape_order({c[0] for v in cols for c in sp[v]})
+        eps = sorted({c[2] for v in cols for c in sp[v]})
+        for shape in shapes:
+            for ep in eps:
                 cells = []
-                for v in fused:
-                    sp = [float(r["speedup"]) for r in multi
-                          if r["shape"] == shape and int(r["ep"]) == ep and r["variant"] == v]
-                    cells.append(f"{geomean(sp):.3f}" if sp else "")
+                for v in cols:
+                    vals = [x for c, x in sp[v].items() if c[0] == shape and c[2] == ep]
+                    cells.append(_cell(_stats(vals)) if vals else "")
                 if any(cells):
                     lines.append(f"| {shape} | {ep} | " + " | ".join(cells) + " |")
     return lines + [""], summary
@@ -61,32 +120,37 @@ def _speedup_section(multi: list[dict], path: str) -> tuple[list[str], dict]:
 
 def _pacing_section(multi: list[dict]) -> list[str]:
     """Time without pacing over time with each pacing, per schedule measured both ways."""
-    t = {(r["shape"], r["tokens"], r["ep"], r["variant"]): float(r["time_ns"]) for r in multi}
+    t = _times(multi)
     gains = defaultdict(list)
     for (shape, tokens, ep, variant), time_ns in t.items():
         schedule, _, pace = variant.partition("@")
         off = t.get((shape, tokens, ep, f"{schedule}@off"))
-        if off is not None and pace != "off" and variant not in ("unfused", "chain"):
+        if off is not None and pace != "off" and variant not in _NOT_FUSED:
             gains[(schedule, pace or "default")].append(off / time_ns)
     if not gains:
         return []
-    lines = ["", "Store pacing: time unpaced (`@off`) over time paced, per schedule and pacing.", "",
-             "| schedule | pacing | configs | geomean | min | max |", "|---|---|---|---|---|---|"]
+    lines = ["", "Store pacing: time unpaced (`@off`) over time paced, same schedule, per pacing "
+                 "(`slower paced`: configurations where pacing loses).", "",
+             "| schedule | pacing | configs | geomean | min | max | slower paced |", "|---|---|---|---|---|---|---|"]
     for (schedule, pace), g in sorted(gains.items()):
-        lines.append(f"| {schedule} | {pace} | {len(g)} | {geomean(g):.3f} | {min(g):.3f} | {max(g):.3f} |")
-    # The baseline of the published comparison: expert_wave without pacing.
-    best = defaultdict(lambda: [math.inf, math.inf])  # (best paced, best unpaced) per configuration
+        s = _stats(g)
+        lines.append(f"| {schedule} | {pace} | {s['configs']} | {s['geomean']:.3f} | {s['min']:.3f} | {s['max']:.3f} "
+                     f"| {s['losses']} of {s['configs']} |")
+    # Pacing and order together, over the unpaced baseline: a different question from the same-pacing
+    # speedups above, so both the oracle and the best constant paced variant are given.
+    paced = defaultdict(dict)
     for (shape, tokens, ep, variant), time_ns in t.items():
-        if variant in ("unfused", "chain"):
-            continue
-        i = 1 if variant.endswith("@off") else 0
-        best[(shape, tokens, ep)][i] = min(best[(shape, tokens, ep)][i], time_ns)
-    for i, label in ((0, "paced"), (1, "unpaced")):
-        sp = [t[(*c, "expert_wave@off")] / b[i] for c, b in best.items()
-              if (*c, "expert_wave@off") in t and math.isfinite(b[i])]
-        if sp:
-            lines += ["", f"Best {label} schedule per configuration over unpaced `expert_wave`: geomean "
-                          f"{geomean(sp):.3f}, max {max(sp):.3f} over {len(sp)} configurations."]
+        if variant not in _NOT_FUSED and _pacing(variant) == "":
+            paced[variant][(shape, tokens, ep)] = time_ns
+    cfgs = [c for c in {c for v in paced.values() for c in v} if (*c, "expert_wave@off") in t]
+    if paced and cfgs:
+        const = {v: geomean([t[(*c, "expert_wave@off")] / tv[c] for c in cfgs if c in tv]) for v, tv in paced.items()}
+        best = max(const, key=lambda v: (const[v], v))
+        oracle = [t[(*c, "expert_wave@off")] / min(tv[c] for tv in paced.values() if c in tv) for c in cfgs]
+        lines += ["", f"Pacing and order together, over unpaced `expert_wave` ({len(cfgs)} configurations; not a "
+                      "same-pacing comparison): best constant paced variant "
+                      f"`{best}` geomean {const[best]:.3f}; oracle: Best paced schedule per configuration over "
+                      f"unpaced `expert_wave` geomean {geomean(oracle):.3f}, max {max(oracle):.3f}."]
     return lines
 
 
@@ -94,55 +158,78 @@ SUMMARY_TITLE = "# MoE fused kernel: schedules vs expert_wave (EP>1, loopback on
 SUMMARY_INTRO = ("Time of the fused persistent kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push); "
                  "`unfused` is the serial pipeline with the same exchange bytes. `host`: rows for other ranks "
                  "cross PCIe into pinned memory (the X-Stage path); `hbm`: they stay in device memory (a control "
-                 "that isolates the effect of task order from the effect of the store path).")
+                 "that isolates the effect of task order from the effect of the store path). A variant without "
+                 "`@` runs with the run's default store pacing; `@off` is unpaced.")
+
+
+def _ep1_section(ep1: list[dict]) -> list[str]:
+    """EP=1: each schedule's fused time over the grouped_mm chain; best constant schedule and oracle."""
+    t = _times(ep1)
+    chain = {k[:3]: x for k, x in t.items() if k[3] == "chain"}
+    schedules = sorted({k[3] for k in t if k[3] not in _NOT_FUSED})
+    ratio = {s: {c: t[(*c, s)] / chain[c] for c in chain if (*c, s) in t} for s in schedules}
+    ratio = {s: r for s, r in ratio.items() if r}
+    if not ratio:
+        return []
+    const = min(ratio, key=lambda s: (geomean(list(ratio[s].values())), s))
+    lines = ["", "## EP=1: fused kernel vs the grouped_mm compute chain (same routing)", "",
+             "fused / chain per schedule (lower is better; over 1: the fused kernel is slower):", "",
+             "| schedule | configs | geomean | min | max | slower in |", "|---|---|---|---|---|---|"]
+    for s, r in sorted(ratio.items()):
+        v = list(r.values())
+        lines.append(f"| {s} | {len(v)} | {geomean(v):.2f} | {min(v):.2f} | {max(v):.2f} | "
+                     f"{sum(x > 1 for x in v)} of {len(v)} |")
+    lines += ["", f"Best constant schedule (by geomean): `{const}`. Oracle: the fastest schedule per configuration, "
+                  "chosen after measuring. Ratios with the top-k reduce add `reduce_ns` to the fused time.", "",
+              f"| shape | tokens | chain (us) | chain TFLOP/s | {const} (us) | {const}/chain | oracle (us) | "
+              "oracle TFLOP/s | reduce (us) | oracle/chain | (oracle+reduce)/chain |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    by_key = {(r["shape"], int(r["tokens"]), int(r["ep"]), r["variant"]): r for r in ep1}
+    for shape in _shape_order({c[0] for c in chain}):
+        for c in sorted(c for c in chain if c[0] == shape):
+            fz = [by_key[(*c, s)] for s in ratio if (*c, s) in by_key]
+            if not fz:
+                continue
+            ch, f = by_key[(*c, "chain")], min(fz, key=lambda r: float(r["time_ns"]))
+            ct, ft, rt = float(ch["time_ns"]), float(f["time_ns"]), float(f["reduce_ns"] or 0)
+            k = t.get((*c, const))
+            kc = f"{k / 1e3:.0f} | {k / ct:.2f}" if k else " | "
+            lines.append(f"| {shape} | {c[1]} | {ct / 1e3:.0f} | {float(ch['tflops']):.0f} | {kc} | {ft / 1e3:.0f} "
+                         f"({f['variant']}) | {float(f['tflops']):.0f} | {rt / 1e3:.0f} | {ft / ct:.2f} | "
+                         f"{(ft + rt) / ct:.2f} |")
+    return lines
 
 
 def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -> dict:
-    """Geomean / max speedup of each variant over expert_wave, plots, and summary.md from the CSV.
+    """Same-pacing speedups of each variant over expert_wave, plots, and summary.md from the CSV.
 
-    `title` and `intro` head summary.md (other grids writing the same columns pass their own)."""
+    Returns {path: {variant: {configs, geomean, max, min, losses, baseline}}}. `title` and `intro`
+    head summary.md (other grids writing the same columns pass their own)."""
     out = Path(out_dir)
     rows = read_rows(out / "moe.csv")
-    multi_all = [r for r in rows if int(r["ep"]) > 1 and r["speedup"]]
+    multi_all = [r for r in rows if int(r["ep"]) > 1 and r.get("time_ns") not in ("", None)]
     lines = [title, "", intro, ""]
     summary: dict = {}
     paths = sorted({r["path"] for r in multi_all}, key=lambda p: (p != "host", p))
     for path in paths:
-        section, by_path = _speedup_section([r for r in multi_all if r["path"] == path], path)
-        lines += section + _pacing_section([r for r in rows if int(r["ep"]) > 1 and r["path"] == path])
+        sel = [r for r in multi_all if r["path"] == path]
+        section, by_path = _speedup_section(sel, path)
+        lines += section + _pacing_section(sel)
         summary[path] = by_path
-    multi = [r for r in multi_all if r["path"] == "host"]
-    ep1 = [r for r in rows if int(r["ep"]) == 1]
-    if ep1:
-        lines += ["", "## EP=1: fused kernel vs the grouped_mm compute chain (same routing)", "",
-                  "`fused` is the fastest schedule; ratios are fused (+ top-k reduce) over the chain.", "",
-                  "| shape | tokens | chain (us) | chain TFLOP/s | fused (us) | fused TFLOP/s | reduce (us) "
-                  "| fused/chain | (fused+reduce)/chain |", "|---|---|---|---|---|---|---|---|---|"]
-        for shape in _shapes():
-            for t in sorted({int(r["tokens"]) for r in ep1}):
-                sel = [r for r in ep1 if r["shape"] == shape and int(r["tokens"]) == t]
-                chain = [r for r in sel if r["variant"] == "chain"]
-                fz = [r for r in sel if r["variant"] not in ("chain", "unfused")]
-                if not chain or not fz:
-                    continue
-                c, f = chain[0], min(fz, key=lambda r: float(r["time_ns"]))
-                ct, ft, rt = float(c["time_ns"]), float(f["time_ns"]), float(f["reduce_ns"])
-                lines.append(f"| {shape} | {t} | {ct / 1e3:.0f} | {float(c['tflops']):.0f} | {ft / 1e3:.0f} "
-                             f"({f['variant']}) | {float(f['tflops']):.0f} | {rt / 1e3:.0f} | {ft / ct:.2f} | "
-                             f"{(ft + rt) / ct:.2f} |")
+    lines += _ep1_section([r for r in rows if int(r["ep"]) == 1 and r.get("time_ns") not in ("", None)])
     if rows:
         env = rows[-1]
+        commits = sorted({r.get("git_commit", "") or "unknown" for r in rows})
         lines += ["", f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
-                      f"triton {env.get('triton')}, {env.get('date')}; block (BMxBN1xBN2xBK) per row in moe.csv."]
+                      f"triton {env.get('triton')}, {env.get('date')}; commit {', '.join(commits)}; "
+                      "block (BMxBN1xBN2xBK) per row in moe.csv."]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    try:
-        from xstage.bench.plots import plot_lines
-
-        for shape in _shapes():
-            sel = [r for r in multi if r["shape"] == shape and r["variant"] != "unfused"]
-            if sel:
-                plot_lines(sel, "tokens", "speedup", ["variant", "ep"], out / f"speedup-{shape}.png", logx=True,
-                           title=f"{shape}: speedup over expert_wave (host loopback)", hline=1.0)
-    except ImportError:
-        pass
+    host = [r for r in multi_all if r["path"] == "host"]
+    sp = _speedups(_times(host))
+    for shape in _shape_order({r["shape"] for r in host}):
+        sel = [dict(variant=v, ep=c[2], tokens=c[1], speedup=x) for v, s in sp.items() if v not in _NOT_FUSED
+               for c, x in s.items() if c[0] == shape]
+        if sel:
+            plot_lines(sel, "tokens", "speedup", ["variant", "ep"], out / f"speedup-{shape}.png", logx=True,
+                       title=f"{shape}: speedup over expert_wave at the same pacing (host loopback)", hline=1.0)
     return summary
