@@ -102,9 +102,11 @@ def test_dirty_checkout_is_recorded_dirty(no_git_above, monkeypatch):
     _git(repo, "commit", "-q", "-m", "x")
     head = _git(repo, "rev-parse", "--short=12", "HEAD")
     assert xenv._git_commit(pkg) == head
-    # git is the truth where it is there: a stale or wrong XSTAGE_GIT_COMMIT does not override it
+    # A named commit wins over git metadata that names another one (a device copy may carry an older
+    # .git); the source hash tells whether the named commit is stale.
     monkeypatch.setenv("XSTAGE_GIT_COMMIT", "feedfacecafe")
-    assert xenv._git_commit(pkg) == head
+    assert xenv._git_commit(pkg) == "feedfacecafe"
+    monkeypatch.setenv("XSTAGE_GIT_COMMIT", head)  # the same commit: git still tells a dirty tree
     (repo / "out").mkdir()
     (repo / "out" / "moe.csv").write_text("a\n")  # untracked results outside the package: still clean
     assert xenv._git_commit(pkg) == head

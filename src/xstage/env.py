@@ -1,9 +1,8 @@
 """What machine and software a measurement came from: attached to every profile and result row.
 
-Source provenance has two fields. `git_commit` names the commit: from git where the tree has its
-metadata (with `-dirty` when tracked files differ from HEAD or the package directory holds untracked
-files), otherwise `XSTAGE_GIT_COMMIT` as given (a copy of the tree on a device machine), otherwise
-`unknown`. `src_hash` is a hash of the package's own files computed at run time: two rows with the
+Source provenance has two fields. `git_commit` names the commit: `XSTAGE_GIT_COMMIT` where set (a
+copy of the tree on a device machine), else from git (with `-dirty` when tracked files differ from
+HEAD or the package directory holds untracked files), else `unknown`. `src_hash` is a hash of the package's own files computed at run time: two rows with the
 same commit but different hashes ran different code (a stale `XSTAGE_GIT_COMMIT`, or edits).
 """
 
@@ -33,12 +32,18 @@ def _git(*args: str, cwd: Path) -> str | None:
 
 
 def _git_commit(package_dir: str | os.PathLike | None = None) -> str:
-    """The source tree's commit (`COMMIT-dirty` where it differs from HEAD); a copied tree without git
-    metadata takes `XSTAGE_GIT_COMMIT` as given; `unknown` where neither is there."""
+    """The source tree's commit (`COMMIT-dirty` where it differs from HEAD); `unknown` without git.
+
+    `XSTAGE_GIT_COMMIT`, where set, names the commit: a copy of the tree on a device machine may carry
+    git metadata older than the tree itself, whose HEAD would name the wrong commit. It is marked
+    dirty only where git knows that same commit and sees changes."""
     here = Path(package_dir) if package_dir is not None else _PACKAGE_DIR
+    named = os.environ.get("XSTAGE_GIT_COMMIT", "").strip()
     head = _git("rev-parse", "--short=12", "HEAD", cwd=here)
     if head is None or not head.strip():
-        return os.environ.get("XSTAGE_GIT_COMMIT", "").strip() or "unknown"
+        return named or "unknown"
+    if named and not head.strip().startswith(named) and not named.startswith(head.strip()):
+        return named
     # Tracked changes anywhere in the repository, and new files inside the package (a module not yet
     # added still runs); untracked output folders elsewhere do not make the code differ.
     tracked = _git("status", "--porcelain", "--untracked-files=no", cwd=here)
