@@ -16,8 +16,8 @@ from xstage.model.data import (
     read_observations,
     summarise,
     validate_long,
-    write_csv_atomic,
 )
+from xstage.results.io import write_csv_atomic
 
 
 def long_rows(n_cta=5, n_bursts=3, launch=7):

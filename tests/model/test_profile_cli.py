@@ -10,10 +10,11 @@ from xstage.cli import main
 from xstage.errors import InputError
 from xstage.model import closed_form as cf
 from xstage.model.commands import parse_size, parse_time, predict_burst
-from xstage.model.data import SUMMARY_COLUMNS, load_reference_data, write_csv_atomic
+from xstage.model.data import SUMMARY_COLUMNS, load_reference_data
 from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.params import PathParams
 from xstage.model.profile import Profile, load_default_profile, load_reference_profile
+from xstage.results.io import write_csv_atomic
 
 KIB = 1024
 
@@ -85,23 +86,29 @@ def test_model_command_predicts_a_burst(capsys):
     out = json.loads(capsys.readouterr().out)
     pr = out["prediction"]
     prof = load_default_profile()
-    assert pr["equal_sharing"]["first_issue_ns"] == pytest.approx(cf.issue_time(prof.params, 65536, n_sm=8))
-    assert pr["first_issue_ns"] > 0 and pr["steady_issue_ns"] > 0
+    assert pr["closed_form"]["first_issue_ns"] == pytest.approx(cf.issue_time(prof.params, 65536, n_sm=8))
+    assert pr["simulated"]["first_issue_ns"] > 0 and pr["simulated"]["steady_issue_ns"] > 0
     assert main(["model", "--burst", "lots"]) == 2
 
 
 def test_predict_burst_one_sm_matches_closed_form():
     prof = load_default_profile()
     pr = predict_burst(prof, 256 * KIB, 1000.0, 1)
-    assert pr["first_issue_ns"] == pytest.approx(cf.issue_time(prof.params, 256 * KIB))
+    assert pr["simulated"]["first_issue_ns"] == pytest.approx(cf.issue_time(prof.params, 256 * KIB))
+    assert pr["closed_form"]["exact"] is True
+    assert pr["closed_form"]["first_issue_ns"] == pytest.approx(pr["simulated"]["first_issue_ns"])
 
 
-def test_model_command_writes_plots(tmp_path, capsys):
-    assert main(["model", "--plot", str(tmp_path)]) == 0
-    pngs = sorted(p.name for p in tmp_path.iterdir())
+def test_model_command_writes_plots_exactly_into_the_folder(tmp_path, capsys):
+    folder = tmp_path / "new" / "plots"  # created, parents too
+    assert main(["model", "--plot", str(folder)]) == 0
+    out = capsys.readouterr().out
+    pngs = sorted(p.name for p in folder.iterdir())
     assert pngs == ["host-issue-vs-burst.png", "host-issue-vs-gap.png"]
-    for p in tmp_path.iterdir():
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+    for p in folder.iterdir():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {p}" in out  # the command names every file it wrote
 
 
 def test_fit_command_writes_a_profile_and_keeps_old_output_on_failure(tmp_path, capsys):
@@ -119,5 +126,9 @@ def test_fit_command_writes_a_profile_and_keeps_old_output_on_failure(tmp_path, 
     bad = tmp_path / "bad.csv"
     bad.write_text("issue_median_ns,path\n5,host\n")
     assert main(["fit", str(bad), "-o", str(out)]) == 2
-    assert "missing column" in capsys.readouterr().err
+    assert "already exists" in capsys.readouterr().err  # checked before the data is even read
     assert out.read_text() == before
+    out2 = tmp_path / "prof2.json"
+    assert main(["fit", str(bad), "-o", str(out2)]) == 2
+    assert "missing column" in capsys.readouterr().err
+    assert not out2.exists()

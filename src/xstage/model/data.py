@@ -42,12 +42,9 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import math
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -370,26 +367,3 @@ def reference_csv_path() -> Path:
 def load_reference_data(path=None) -> Observations:
     """The H200 host-link / HBM reference run (packaged copy unless `path` is given)."""
     return read_observations(path or reference_csv_path())
-
-
-@contextlib.contextmanager
-def atomic_open(path, newline: str | None = None):
-    """A text file that replaces `path` only when the block completes: a failure leaves `path` untouched."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", newline=newline) as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_csv_atomic(path, rows: list[dict], columns: list[str]) -> None:
-    """Write rows to `path` through a temporary file and a rename (`atomic_open`)."""
-    with atomic_open(path, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)

@@ -16,7 +16,11 @@ Algorithm:
   identified by the data; the two windows also need backpressure at more than one SM count, in
   the regime where each binds (`n c_sm < capacity` for the per-SM one, `>=` for the shared one).
 * Bootstrap: resample configurations with replacement, refit starting from the full-data optimum
-  (a local refit: it misses other optima), 2.5/97.5 percentiles.
+  (a local refit: it misses other optima), 2.5/97.5 percentiles widened to contain the point
+  estimate, called 95% only with at least 20 rounds (`xstage.model.intervals`). Round `r` draws
+  from its own generator `(seed, r)`, so finished rounds can be kept (`BootstrapStore`, keyed by
+  `fit_key`: a hash of the data and the fit options) and a rerun computes only the missing ones,
+  with the same result as an uninterrupted run.
 * Cross-checks: the drain from the steep first-burst slope (and from completion times when
   present) against the fitted one; the second-burst issue time's slope in the gap under
   backpressure (the model says exactly -1); Little's law `C / D >= latency`.
@@ -36,18 +40,25 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
+import os
+import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from xstage.errors import InputError
 from xstage.model import closed_form as cf
+from xstage.model import intervals as iv
 from xstage.model.data import Observations
 from xstage.model.params import NS, PathParams
 from xstage.model.predict import DEFAULT_CLASSES, predict_rows
+from xstage.version import __version__
 
 STRUCTURES = {
     "base": ("t0", "r0", "drain", "c_sm", "capacity"),
@@ -74,6 +85,7 @@ class FitResult:
     n_configs: int
     n_rows: int
     structure: str
+    interval_info: dict = dataclasses.field(default_factory=dict)
 
 
 def _encode(p: PathParams, names) -> np.ndarray:
@@ -295,11 +307,24 @@ def fit_point(obs: Observations, structure: str = DEFAULT_STRUCTURE, classes: in
 
 def fit_path(obs: Observations, structure: str = DEFAULT_STRUCTURE, bootstrap: int = 0,
              classes: int = DEFAULT_CLASSES, seed: int = 0, progress: Callable | None = None,
-             max_nfev: int = 200) -> FitResult:
-    """Fit one path's parameters; `bootstrap` rounds of configuration resampling give the intervals."""
+             max_nfev: int = 200, store: BootstrapStore | None = None,
+             on_point_fit: Callable[[float], None] | None = None) -> FitResult:
+    """Fit one path's parameters; `bootstrap` rounds of configuration resampling give the intervals.
+
+    `progress(done, total)` follows the bootstrap rounds this call runs; `store` keeps finished rounds
+    (its key must be `fit_key(obs, structure, classes, seed, max_nfev)`); `on_point_fit(seconds)` is
+    called after the point fit, before the bootstrap.
+    """
     _check_fit_input(obs)
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
+        raise InputError(f"bootstrap must be an integer number of rounds >= 0, got {bootstrap!r}")
     names = _free_names(obs, structure)
+    if store is not None and store.key != fit_key(obs, structure, classes, seed, max_nfev):
+        raise ValueError("fit_path: the bootstrap store belongs to other data or fit options")
+    t0 = time.perf_counter()
     params, sol = _fit_point(obs, names, classes, None, max_nfev)
+    if on_point_fit:
+        on_point_fit(time.perf_counter() - t0)
     rel_se, ident = _identifiability(sol, names)
     _window_identification(obs, params, ident)
     pred, cpl = predict_rows(params, obs, classes)
@@ -315,34 +340,139 @@ def fit_path(obs: Observations, structure: str = DEFAULT_STRUCTURE, bootstrap: i
     if has_c.any():
         rc = np.abs(cpl[has_c] / obs.completion_med[has_c] - 1.0)
         residuals["completion_median_rel"] = weighted_quantile(rc, w[has_c], 0.5)
-    intervals = bootstrap_intervals(obs, params, names, bootstrap, classes, seed, progress, max_nfev)
+    draws = bootstrap_draws(obs, params, names, bootstrap, classes, seed, progress, max_nfev, store)
+    intervals, widened = {}, []
+    for n, v in draws.items():
+        lo, hi, wide = iv.percentile_interval(v, getattr(params, n))
+        intervals[n] = (lo, hi)
+        if wide:
+            widened.append(n)
     return FitResult(params=params, fitted=names, identified=ident, rel_se=rel_se, intervals=intervals,
                      residuals=residuals, cross_checks=cross_checks(obs, params), n_configs=len(obs.configs()),
-                     n_rows=len(obs), structure=structure)
+                     n_rows=len(obs), structure=structure, interval_info=iv.describe(bootstrap, widened))
 
 
-def bootstrap_intervals(obs: Observations, params: PathParams, names, rounds: int, classes: int,
-                        seed: int = 0, progress: Callable | None = None, max_nfev: int = 200) -> dict:
-    """2.5/97.5 percentiles of each fitted parameter over fits to configuration resamples."""
-    if rounds <= 0:
-        return {}
-    rng = np.random.default_rng(seed)
+def fit_key(obs: Observations, structure: str = DEFAULT_STRUCTURE, classes: int = DEFAULT_CLASSES,
+            seed: int = 0, max_nfev: int = 200) -> str:
+    """Hash of the data and the fit options: bootstrap rounds with the same key are interchangeable."""
+    h = hashlib.sha256()
+    opts = {"xstage": __version__, "names": list(_free_names(obs, structure)), "structure": structure,
+            "classes": classes, "seed": seed, "max_nfev": max_nfev}
+    h.update(json.dumps(opts, sort_keys=True).encode())
+    for f in dataclasses.fields(obs):
+        v = getattr(obs, f.name)
+        if isinstance(v, np.ndarray):
+            h.update(f.name.encode())
+            h.update("\x00".join(map(str, v.tolist())).encode() if v.dtype.kind in "OUS"
+                     else np.ascontiguousarray(v, dtype=np.float64).tobytes())
+    return h.hexdigest()[:24]
+
+
+class BootstrapStore:
+    """Finished bootstrap rounds of one fit, kept in a JSON-lines file so that a rerun resumes.
+
+    Line 1 is `{"format", "key"}`; each further line `{"round": r, "params": {name: value}}`, appended
+    and flushed as the round finishes (a line cut by an interrupt is ignored). A file with another key
+    (other data or options) is replaced when the first new round is written; `discarded` counts its
+    rounds.
+    """
+
+    FORMAT = "xstage-bootstrap/1"
+
+    def __init__(self, path, key: str):
+        self.path, self.key = Path(path), key
+        self.rounds: dict[int, dict] = {}
+        self.discarded = 0
+        self._file = None
+        lines = []
+        if self.path.is_file():
+            try:
+                lines = self.path.read_text().splitlines()
+            except (OSError, UnicodeDecodeError):
+                lines = []
+        head = _json_line(lines[0]) if lines else None
+        if isinstance(head, dict) and head.get("format") == self.FORMAT and head.get("key") == key:
+            for line in lines[1:]:
+                rec = _json_line(line)
+                if (isinstance(rec, dict) and isinstance(rec.get("round"), int)
+                        and isinstance(rec.get("params"), dict)):
+                    self.rounds[rec["round"]] = {k: float(v) for k, v in rec["params"].items()}
+        elif lines:
+            self.discarded = max(0, len(lines) - 1)
+
+    def add(self, r: int, values: dict) -> None:
+        if self._file is None:
+            # Start the file afresh (header and the rounds kept so far), then append.
+            text = json.dumps({"format": self.FORMAT, "key": self.key}) + "\n" + "".join(
+                json.dumps({"round": k, "params": v}) + "\n" for k, v in sorted(self.rounds.items()))
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+            self._file = open(self.path, "a")  # held open across rounds, closed in close()
+        self.rounds[r] = {k: float(v) for k, v in values.items()}
+        self._file.write(json.dumps({"round": r, "params": self.rounds[r]}) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def remove(self) -> None:
+        """Delete the file (after the profile it served is written)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _json_line(line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def _bootstrap_round(obs: Observations, params: PathParams, names, classes: int, seed: int, r: int,
+                     max_nfev: int) -> dict:
+    """One bootstrap refit: configurations resampled with generator `(seed, r)`, refit from `params`."""
+    rng = np.random.default_rng([seed, r])
     keys = obs.config_keys()
     cfgs = obs.configs()
     rows_of = {c: np.array([i for i, k in enumerate(keys) if k == c]) for c in cfgs}
-    draws = {n: [] for n in names}
-    for r in range(rounds):
-        pick = rng.integers(0, len(cfgs), len(cfgs))
-        idx = np.concatenate([rows_of[cfgs[j]] for j in pick])
-        sample = obs.select(idx)
-        # Resampled configurations repeat; distinct launch ids keep their simulated runs apart.
-        sample.launch = sample.launch + np.repeat(np.arange(len(pick)), [len(rows_of[cfgs[j]]) for j in pick]) * 10**6
-        p, _ = _fit_point(sample, names, classes, params, max_nfev)
-        for n in names:
-            draws[n].append(getattr(p, n))
+    pick = rng.integers(0, len(cfgs), len(cfgs))
+    idx = np.concatenate([rows_of[cfgs[j]] for j in pick])
+    sample = obs.select(idx)
+    # Resampled configurations repeat; distinct launch ids keep their simulated runs apart.
+    sample.launch = sample.launch + np.repeat(np.arange(len(pick)), [len(rows_of[cfgs[j]]) for j in pick]) * 10**6
+    p, _ = _fit_point(sample, names, classes, params, max_nfev)
+    return {n: float(getattr(p, n)) for n in names}
+
+
+def bootstrap_draws(obs: Observations, params: PathParams, names, rounds: int, classes: int, seed: int = 0,
+                    progress: Callable | None = None, max_nfev: int = 200,
+                    store: BootstrapStore | None = None) -> dict:
+    """Each fitted parameter's values over `rounds` bootstrap refits (rounds in `store` are reused)."""
+    if rounds <= 0:
+        return {}
+    kept = store.rounds if store is not None else {}
+    todo = [r for r in range(rounds) if r not in kept or set(kept[r]) != set(names)]
+    values = {r: kept[r] for r in range(rounds) if r not in todo}
+    for j, r in enumerate(todo):
+        values[r] = _bootstrap_round(obs, params, names, classes, seed, r, max_nfev)
+        if store is not None:
+            store.add(r, values[r])
         if progress:
-            progress(r + 1, rounds)
-    return {n: (float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))) for n, v in draws.items()}
+            progress(j + 1, len(todo))
+    return {n: [values[r][n] for r in range(rounds)] for n in names}
+
+
+def bootstrap_intervals(obs: Observations, params: PathParams, names, rounds: int, classes: int,
+                        seed: int = 0, progress: Callable | None = None, max_nfev: int = 200,
+                        store: BootstrapStore | None = None) -> dict:
+    """2.5/97.5 percentiles of each fitted parameter over bootstrap refits, widened to contain the
+    point estimate (`xstage.model.intervals.percentile_interval`)."""
+    draws = bootstrap_draws(obs, params, names, rounds, classes, seed, progress, max_nfev, store)
+    return {n: iv.percentile_interval(v, getattr(params, n))[:2] for n, v in draws.items()}
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:

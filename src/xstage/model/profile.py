@@ -3,14 +3,19 @@
 Problem: a scheduler or a report needs a path's parameters together with how far to trust them
 (intervals, identifiability, held-out error, cross-checks) and where they came from (GPU, driver,
 software, data file). A `Profile` carries all of it; `load_default_profile("host")` returns the
-embedded H200 host-link profile fitted to the reference data (`xstage fit --reference` regenerates
-it, see `xstage.model.commands`).
+embedded H200 host-link profile of xstage's own probe, `load_reference_profile()` the one fitted to
+the reference data (the command that regenerates it is in `xstage.model.commands`).
 
-JSON layout (`FORMAT`): `format`, `path`, `params` (PathParams fields, "inf" for no window),
-`units`, `intervals` (name -> [lo, hi], bootstrap 95%), `fitted`, `identified`, `rel_se`,
-`fit_quality` (`loco`: median/p90 held-out relative error; `residuals`; `cross_checks`),
-`structure` (the chosen structure and the held-out error of each candidate), `provenance`
-(gpu, driver, torch, triton, date, path, sm_counts, data_file, fitted_with), `classes`.
+`Profile.load` / `Profile.from_dict` are the one validated loader of profiles: every field is
+checked, and a malformed one raises `InputError` naming the file and the field.
+
+JSON layout (`FORMAT`): `format`, `path` (hbm, host or peer), `params` (PathParams fields, "inf" for
+no window), `units`, `intervals` (name -> [lo, hi]), `interval_method`, `interval_level` (0.95, or
+null when too few bootstrap rounds made them), `bootstrap_rounds`, `intervals_widened` (see
+`xstage.model.intervals`), `fitted`, `identified`, `rel_se`, `fit_quality` (`loco`: median/p90
+held-out relative error; `heldout`; `residuals`; `cross_checks`), `structure` (the chosen structure
+and the held-out error of each candidate), `provenance` (gpu, driver, torch, triton, date, path,
+sm_counts, data_file, fitted_with), `classes`.
 
 Example:
     >>> from xstage.model.profile import load_default_profile
@@ -29,29 +34,33 @@ from importlib import resources
 from pathlib import Path
 
 from xstage.errors import InputError
-from xstage.model.data import atomic_open
-from xstage.model.params import PARAM_UNITS, PathParams
+from xstage.model import intervals as iv
+from xstage.model.params import PARAM_NAMES, PARAM_UNITS, PathParams
 from xstage.model.predict import DEFAULT_CLASSES
+from xstage.results.io import atomic_open
+from xstage.results.output import jsonable
 
 FORMAT = "xstage-profile/1"
+PATHS = ("hbm", "host", "peer")
 # The host default is xstage's own H200 measurement (`xstage probe --path host`); the fit to the
 # independent reference run stays beside it as `h200-host-profile.json` (`load_reference_profile`).
 DEFAULT_PROFILES = {"host": "h200-host-probe-profile.json", "peer": "h200-nvlink-peer-profile.json"}
 REFERENCE_PROFILE = "h200-host-profile.json"
+FIELDS = ("format", "path", "params", "units", "intervals", "interval_method", "interval_level", "bootstrap_rounds",
+          "intervals_widened", "fitted", "identified", "rel_se", "fit_quality", "structure", "provenance",
+          "classes")
 
 
-def _jsonable(x):
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if isinstance(x, float) and math.isnan(x):
+def _number(v, allow_inf: bool = True) -> float | None:
+    """`v` as a float if it is a JSON number (or "inf"/"-inf" when allowed), else None."""
+    if isinstance(v, bool):
         return None
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if hasattr(x, "item") and callable(x.item):
-        return _jsonable(x.item())
-    return x
+    if isinstance(v, (int, float)):
+        v = float(v)
+        return v if (math.isfinite(v) or allow_inf) and not math.isnan(v) else None
+    if allow_inf and v in ("inf", "-inf"):
+        return float(v)
+    return None
 
 
 @dataclasses.dataclass
@@ -68,6 +77,47 @@ class Profile:
     structure: dict = dataclasses.field(default_factory=dict)
     provenance: dict = dataclasses.field(default_factory=dict)
     classes: int = DEFAULT_CLASSES
+    interval_method: str = ""
+    interval_level: float | None = None
+    bootstrap_rounds: int | None = None
+    intervals_widened: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Intervals contain their point estimates (widened where a percentile interval did not), and
+        # say how they were made; a profile built without saying (older files, callers that pass only
+        # the intervals) takes the rounds from its provenance.
+        widened = set(self.intervals_widened)
+        fixed = {}
+        for name, (lo, hi) in self.intervals.items():
+            v = getattr(self.params, name, None)
+            lo, hi = float(lo), float(hi)
+            if isinstance(v, float) and math.isfinite(v) and not lo <= v <= hi:
+                lo, hi = min(lo, v), max(hi, v)
+                widened.add(name)
+            fixed[name] = (lo, hi)
+        self.intervals = fixed
+        if self.bootstrap_rounds is None:
+            fw = self.provenance.get("fitted_with") if isinstance(self.provenance, dict) else None
+            rounds = fw.get("bootstrap_rounds") if isinstance(fw, dict) else None
+            if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 0:
+                self.bootstrap_rounds = rounds
+        if not self.interval_method or sorted(widened) != sorted(self.intervals_widened):
+            if self.intervals and self.bootstrap_rounds:
+                info = iv.describe(self.bootstrap_rounds, widened)
+                self.interval_method, self.interval_level = info["interval_method"], info["interval_level"]
+            elif self.intervals:
+                self.interval_method = self.interval_method or "unknown (the profile does not say)"
+                self.interval_level = None
+            else:
+                self.interval_method, self.interval_level = "none (no intervals)", None
+        self.intervals_widened = sorted(widened)
+        if self.bootstrap_rounds is not None and self.bootstrap_rounds < iv.MIN_BOOTSTRAP_ROUNDS:
+            self.interval_level = None  # never called a 95% interval, whatever a file says
+
+    @property
+    def interval_label(self) -> str:
+        """'95%' for intervals that deserve the name, else e.g. '3-round range'."""
+        return iv.label(self.interval_level, self.bootstrap_rounds)
 
     @property
     def sm_count(self) -> int:
@@ -82,42 +132,131 @@ class Profile:
         raise InputError(f"profile of path {self.path!r}: its provenance names no SM count (sm_counts or gpu)")
 
     def to_dict(self) -> dict:
-        return _jsonable({
+        return jsonable({
             "format": FORMAT, "path": self.path, "params": self.params.to_dict(), "units": PARAM_UNITS,
-            "intervals": {k: list(v) for k, v in self.intervals.items()}, "fitted": list(self.fitted),
-            "identified": self.identified, "rel_se": self.rel_se, "fit_quality": self.fit_quality,
-            "structure": self.structure, "provenance": self.provenance, "classes": self.classes,
+            "intervals": {k: list(v) for k, v in self.intervals.items()},
+            "interval_method": self.interval_method, "interval_level": self.interval_level,
+            "bootstrap_rounds": self.bootstrap_rounds, "intervals_widened": list(self.intervals_widened),
+            "fitted": list(self.fitted), "identified": self.identified, "rel_se": self.rel_se,
+            "fit_quality": self.fit_quality, "structure": self.structure, "provenance": self.provenance,
+            "classes": self.classes,
         })
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "profile") -> Profile:
+        """A validated profile; any malformed field raises `InputError` naming `source` and the field."""
+
+        def bad(field: str, constraint: str, got) -> InputError:
+            text = repr(got)
+            if len(text) > 80:
+                text = text[:77] + "..."
+            return InputError(f"{source}: field {field!r} must be {constraint}, got {text}")
+
         if not isinstance(d, dict):
-            raise InputError(f"{source}: a profile must be a JSON object")
+            raise InputError(f"{source}: a profile must be a JSON object, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(FIELDS))
+        if unknown:
+            raise InputError(f"{source}: unknown field(s) {unknown}; known: {list(FIELDS)}")
         if d.get("format") != FORMAT:
-            raise InputError(f"{source}: field 'format' must be {FORMAT!r}, got {d.get('format')!r}")
+            raise bad("format", repr(FORMAT), d.get("format"))
         for key in ("path", "params"):
             if key not in d:
                 raise InputError(f"{source}: missing field {key!r}")
+        if d["path"] not in PATHS:
+            raise bad("path", f"one of {', '.join(PATHS)}", d["path"])
+        if not isinstance(d["params"], dict):
+            raise bad("params", "an object of parameters", d["params"])
+        for k, v in d["params"].items():
+            if k in PARAM_NAMES and _number(v) is None:
+                raise bad(f"params.{k}", "a number or 'inf'", v)
         try:
             params = PathParams.from_dict(d["params"])
         except InputError as exc:
-            raise InputError(f"{source}: {exc}") from None
+            raise InputError(f"{source}: field 'params': {exc}") from None
+
+        def mapping(key: str) -> dict:
+            v = d.get(key, {})
+            if v is None:
+                return {}
+            if not isinstance(v, dict):
+                raise bad(key, "an object", v)
+            return v
+
+        def param_key(field: str, k) -> None:
+            if k not in PARAM_NAMES:
+                raise InputError(f"{source}: field {field!r} names unknown parameter {k!r}; known: {list(PARAM_NAMES)}")
+
+        mapping("units")
         intervals = {}
-        for k, v in (d.get("intervals") or {}).items():
-            if not (isinstance(v, list) and len(v) == 2):
-                raise InputError(f"{source}: intervals.{k} must be [lo, hi]")
-            intervals[k] = (float(v[0]), float(v[1]))
+        for k, v in mapping("intervals").items():
+            param_key("intervals", k)
+            lo, hi = (_number(v[0]), _number(v[1])) if isinstance(v, list) and len(v) == 2 else (None, None)
+            if lo is None or hi is None or not lo <= hi:
+                raise bad(f"intervals.{k}", "[lo, hi], two numbers with lo <= hi", v)
+            intervals[k] = (lo, hi)
+        method = d.get("interval_method", "")
+        if not isinstance(method, str):
+            raise bad("interval_method", "a string", method)
+        level = d.get("interval_level")
+        if level is not None and (_number(level, False) is None or not 0 < level < 1):
+            raise bad("interval_level", "a probability between 0 and 1, or null", level)
+        rounds = d.get("bootstrap_rounds")
+        if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0):
+            raise bad("bootstrap_rounds", "an integer >= 0, or null", rounds)
+        widened = d.get("intervals_widened", [])
+        if not isinstance(widened, list):
+            raise bad("intervals_widened", "a list of parameter names", widened)
+        for k in widened:
+            param_key("intervals_widened", k)
+        fitted = d.get("fitted", [])
+        if not isinstance(fitted, list):
+            raise bad("fitted", "a list of parameter names", fitted)
+        for k in fitted:
+            param_key("fitted", k)
+        identified = mapping("identified")
+        for k, v in identified.items():
+            param_key("identified", k)
+            if not isinstance(v, bool):
+                raise bad(f"identified.{k}", "true or false", v)
+        rel_se = mapping("rel_se")
+        for k, v in rel_se.items():
+            param_key("rel_se", k)
+            if v is not None and _number(v) is None:
+                raise bad(f"rel_se.{k}", "a number, 'inf' or null", v)
+        quality = mapping("fit_quality")
+        for key in ("residuals", "cross_checks", "loco", "heldout"):
+            q = quality.get(key)
+            if q is not None and not isinstance(q, dict):
+                raise bad(f"fit_quality.{key}", "an object", q)
+        for key in ("loco", "heldout"):
+            for stat in ("median_rel_error", "p90_rel_error"):
+                q = quality.get(key) or {}
+                if stat in q and q[stat] is not None and _number(q[stat], False) is None:
+                    raise bad(f"fit_quality.{key}.{stat}", "a number", q[stat])
+        structure = mapping("structure")
+        provenance = mapping("provenance")
+        counts = provenance.get("sm_counts")
+        if counts is not None and not (isinstance(counts, list) and all(
+                isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts)):
+            raise bad("provenance.sm_counts", "a list of integers >= 1", counts)
+        if "fitted_with" in provenance and not isinstance(provenance["fitted_with"], dict):
+            raise bad("provenance.fitted_with", "an object", provenance["fitted_with"])
         classes = d.get("classes", DEFAULT_CLASSES)
-        if not (isinstance(classes, int) and classes >= 1):
-            raise InputError(f"{source}: field 'classes' must be an integer >= 1, got {classes!r}")
-        return cls(path=str(d["path"]), params=params, intervals=intervals, fitted=list(d.get("fitted", [])),
-                   identified=dict(d.get("identified", {})), rel_se=dict(d.get("rel_se", {})),
-                   fit_quality=dict(d.get("fit_quality", {})), structure=dict(d.get("structure", {})),
-                   provenance=dict(d.get("provenance", {})), classes=classes)
+        if isinstance(classes, bool) or not isinstance(classes, int) or classes < 1:
+            raise bad("classes", "an integer >= 1", classes)
+        return cls(path=d["path"], params=params, intervals=intervals, fitted=list(fitted),
+                   identified=dict(identified), rel_se={k: _number(v) if v is not None else None
+                                                        for k, v in rel_se.items()},
+                   fit_quality=dict(quality), structure=dict(structure), provenance=dict(provenance),
+                   classes=classes, interval_method=method, interval_level=level, bootstrap_rounds=rounds,
+                   intervals_widened=list(widened))
 
     @classmethod
     def load(cls, path) -> Profile:
+        """Read and validate a profile JSON file (`from_dict`); errors name the file and the field."""
         path = Path(path)
+        if path.is_dir():
+            raise InputError(f"profile {str(path)!r} is a folder; give a profile JSON file")
         if not path.is_file():
             raise InputError(f"profile {str(path)!r} does not exist")
         try:
@@ -128,7 +267,7 @@ class Profile:
 
     def save(self, path) -> None:
         """Write through a temporary file and a rename: a failure leaves an existing file untouched."""
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        text = json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
         with atomic_open(path) as f:
             f.write(text)
 
