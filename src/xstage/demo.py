@@ -4,6 +4,10 @@ Loads the embedded default profile (the H200 host link), prints its parameters w
 intervals and held-out error, predicts its own measurements, plans the fused MoE kernel's schedule
 for one configuration with that profile and the embedded tile costs, and writes plots and a short
 markdown report into the output folder.
+
+The plan is what `xstage plan moe` plans for that configuration (`PLAN_COMMAND`): the same candidates
+(`xstage.moe.schedule.CANDIDATES`), the kernel's default pacing (`auto`), the profile's SM count as CTAs.
+The output folder is checked before any work; progress goes to standard error, none under `--json`.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ from xstage.model.params import PARAM_UNITS
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import CANDIDATES
 from xstage.results import emit, markdown_table
+from xstage.results.output import check_output_dir
+from xstage.results.progress import Progress, say
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig
 from xstage.sched.plan import plan_moe
 from xstage.sched.timeline import plot_timeline
 
 _PLAN_CONFIG = ("H4096-I2048-E256-K6", 2048, 8)
+_PLAN_PACING = "auto"  # the kernel's default, as in `xstage plan moe`
+PLAN_COMMAND = "xstage plan moe --shape {} --tokens {} --ep {}".format(*_PLAN_CONFIG)
 
 
 def _fmt_value(v: float, unit: str) -> str:
@@ -59,7 +67,7 @@ def _param_rows(profile) -> list[dict]:
         status = "fitted" if name in profile.fitted else "fixed"
         if profile.identified and name in profile.identified and not profile.identified[name]:
             status = "not identified"
-        rows.append({"parameter": name, "value": _fmt_value(v, unit), "95% interval": interval,
+        rows.append({"parameter": name, "value": _fmt_value(v, unit), f"{profile.interval_label} interval": interval,
                      "status": status})
     return rows
 
@@ -75,7 +83,7 @@ def _data_for(profile):
     return load_reference_data(), "h200-hostlink-probe.csv"
 
 
-def _plan_section(profile, out: Path) -> tuple[list[dict], str | None, str]:
+def _plan_section(profile, out: Path, quiet: bool = False) -> tuple[list[dict], str | None, str]:
 
     shape, tokens, ep = _PLAN_CONFIG
     try:
@@ -85,31 +93,40 @@ def _plan_section(profile, out: Path) -> tuple[list[dict], str | None, str]:
     cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=ep)
     ctas = profile.sm_count
     # What `xstage plan moe` plans by default: every candidate, with the kernel's default ("auto") pacing.
-    pacing = resolve_pacing("auto", profile.path, ep)
-    rows = plan_moe(cfg, profile.params, costs, num_ctas=ctas, candidates=CANDIDATES, pacing=pacing)
+    pacing = resolve_pacing(_PLAN_PACING, profile.path, ep)
+    with Progress(len(CANDIDATES), "demo: MoE schedules simulated", quiet=quiet) as bar:
+        rows = plan_moe(cfg, profile.params, costs, num_ctas=ctas, candidates=CANDIDATES, pacing=pacing,
+                        progress=bar.callback)
     wave = next(r for r in rows if r.schedule == "expert_wave")
-    table = [{"schedule": r.schedule, "predicted_us": r.time_ns / 1e3,
+    table = [{"schedule": r.schedule, "time_us": r.time_ns / 1e3,
               "speedup_vs_expert_wave": wave.time_ns / r.time_ns,
               "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas} for r in rows]
     png = plot_timeline(rows[0].result, out / "plan_timeline.png",
                         title=f"{shape} T={tokens} EP={ep} over {profile.path}: {rows[0].schedule} (predicted)")
     return table, str(png), (f"{shape}, {tokens} tokens/rank, EP={ep}, {ctas} CTAs, remote stores over "
-                             f"`{profile.path}`, store pacing {spec_of(pacing)} (GB/s:KiB)")
+                             f"`{profile.path}`, store pacing {spec_of(pacing)} (GB/s:KiB). "
+                             f"This table is what `{PLAN_COMMAND}` plans (on a GPU, add `--ctas {ctas}`): the "
+                             f"same candidates ({', '.join(f'`{c}`' for c in CANDIDATES)}), the same default "
+                             f"pacing (`{_PLAN_PACING}`), the same predicted times in us.")
 
 
 def run_demo(args) -> int:
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(args.out)
+    quiet = args.json
     profile = load_default_profile("host")
     params = _param_rows(profile)
     loco = profile.fit_quality.get("loco") or profile.fit_quality.get("heldout") or {}
     data, data_name = _data_for(profile)
+    say(f"demo: predicting the {profile.path} profile's own measurements ({data_name}) and plotting them",
+        quiet=quiet)
     pred = predict(profile, data)
     err = np.abs(np.asarray(pred["rel_error"], dtype=float))
+    out.mkdir(parents=True, exist_ok=True)
     plots = [plot_issue_vs_burst(profile, data, out / "issue_vs_burst.png"),
              plot_issue_vs_gap(profile, data, out / "issue_vs_gap.png")]
-    plan_rows, plan_png, plan_title = _plan_section(profile, out)
+    say(f"demo: planning the fused MoE kernel ({PLAN_COMMAND}: {len(CANDIDATES)} schedules)", quiet=quiet)
+    plan_rows, plan_png, plan_title = _plan_section(profile, out, quiet)
     if plan_png:
         plots.append(plan_png)
     prov = profile.provenance
@@ -119,7 +136,7 @@ def run_demo(args) -> int:
         f"Measured on {prov.get('gpu', '?')} (driver {prov.get('driver', '?')}, torch {prov.get('torch', '?')}, "
         f"triton {prov.get('triton', '?')}, {prov.get('date', '?')}); data `{data_name}`.",
         "",
-        markdown_table(params, ["parameter", "value", "95% interval", "status"]),
+        markdown_table(params, ["parameter", "value", f"{profile.interval_label} interval", "status"]),
         "",
         f"Held-out error ({loco.get('rule', 'leave one configuration out')}; {loco.get('n_configs', '?')} "
         "configurations): "
@@ -146,6 +163,8 @@ def run_demo(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the default profile: parameters, held-out error, predictions, a plan, plots")
-    p.add_argument("-o", "--out", default="xstage-demo", help="output folder (default ./xstage-demo)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("-o", "--out", default="xstage-demo", metavar="DIR", help="output folder, created if missing; "
+                   "report.md and the PNG plots in it are replaced (default: ./xstage-demo)")
+    p.add_argument("--json", action="store_true", help="print one standard JSON document on standard output and "
+                   "no progress (default: off, text for people)")
     p.set_defaults(handler=run_demo)

@@ -56,6 +56,22 @@ MAX_BUFFER_BYTES = 96 << 30
 SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
 
 
+MIN_GEMM_BLOCK = 16  # the smallest tile extent `tl.dot` takes
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_block_size(v, name: str, minimum: int = MIN_GEMM_BLOCK, maximum: int | None = None,
+                     what: str = "block size") -> int:
+    """`v` if it is a power-of-two integer in [`minimum`, `maximum`]; else `InputError` naming `name`."""
+    if not _is_int(v) or v < minimum or v & (v - 1) or (maximum is not None and v > maximum):
+        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
+        raise InputError(f"{name}={v!r}: {what} must be a power of two {bound}")
+    return v
+
+
 @dataclass(frozen=True)
 class BlockConfig:
     """Tile sizes and launch options of the fused kernel (one unit = `block_m` rows of one expert)."""
@@ -70,6 +86,21 @@ class BlockConfig:
     ctas_per_sm: int = 0
     tma: bool = True  # GEMM operands through TMA descriptors (else pointer loads)
     dynamic: bool = True  # CTAs take the next task of the global order when free (else round-robin)
+
+    def __post_init__(self):
+        # Refused here, not inside Triton: GEMM tiles are `tl.arange` / `tl.dot` extents (powers of two,
+        # at least 16), the dispatch chunk is a `tl.arange` extent, warps are a power of two.
+        for name in ("block_m", "block_n1", "block_n2", "block_k"):
+            check_block_size(getattr(self, name), f"BlockConfig {name}", minimum=MIN_GEMM_BLOCK)
+        check_block_size(self.block_d, "BlockConfig block_d", minimum=1)
+        check_block_size(self.num_warps, "BlockConfig num_warps", minimum=1, maximum=32, what="warps per CTA")
+        for name, low in (("num_stages", 1), ("ctas_per_sm", 0)):
+            v = getattr(self, name)
+            if not _is_int(v) or v < low:
+                raise InputError(f"BlockConfig {name}={v!r}: must be an integer >= {low}")
+        for name in ("tma", "dynamic"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"BlockConfig {name}={getattr(self, name)!r}: must be True or False")
 
 
 @dataclass

@@ -30,6 +30,7 @@ import os
 import torch
 import triton
 
+from xstage import backend
 from xstage.comm.pacing import StorePacing, pacing_args
 from xstage.errors import InputError
 from xstage.moe import kernels
@@ -223,6 +224,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
     `trace` (int64 `[num_tasks, 3]`, optional) receives each task's `%globaltimer` after its
     dependency wait, after its last store, and the CTA that ran it; row g for the task at position g
     of the global order (`Schedule.global_order()`; tile-cost calibration)."""
+    backend.require()
     if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 3)
                               or trace.device.type != buf.device.type):
         raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 3] on {buf.device}, "
@@ -259,6 +261,7 @@ def _check_residency(compiled, buf: MoEBuffer) -> None:
 
 def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True):
     """Enqueue the completion wait + top-k weighted reduce into `y [T, H]`."""
+    backend.require()
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     T = y.shape[0]
     bh = next(b for b in (256, 128, 64, 32, 16, 8) if buf.H % b == 0)

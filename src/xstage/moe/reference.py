@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from xstage.errors import InputError
+
 
 def expert_mlp(x: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
     """One expert: `x [M, H]`, `l1 [2I, H]`, `l2 [H, I]` -> `[M, H]` (SwiGLU between the GEMMs)."""
@@ -46,10 +48,28 @@ def _expert_outputs(rows: torch.Tensor, experts: torch.Tensor, l1: torch.Tensor,
     return out
 
 
+def check_topk_idx(topk_idx: torch.Tensor, num_experts: int, label: str = "topk_idx") -> None:
+    """Refuse expert ids outside [0, num_experts) or a non-integer / non-2-d `topk_idx` (`InputError`)."""
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2:
+        raise InputError(f"{label}: must be a 2-d [tokens, topk] tensor of expert ids")
+    if topk_idx.dtype.is_floating_point or topk_idx.dtype.is_complex or topk_idx.dtype == torch.bool:
+        raise InputError(f"{label}: must hold integer expert ids, got dtype {topk_idx.dtype}")
+    if topk_idx.numel():
+        lo, hi = int(topk_idx.min()), int(topk_idx.max())
+        if lo < 0 or hi >= num_experts:
+            bad = lo if lo < 0 else hi
+            raise InputError(f"{label}: expert id {bad} is outside [0, {num_experts}) "
+                             f"({num_experts} experts = local experts x ranks)")
+
+
 def reference_moe_virtual(xs, topk_idx, topk_w, l1, l2, dtype=torch.float32):
     """R virtual ranks in one process: lists of per-rank tensors in, list of per-rank `y [T, H]` out."""
     R = len(xs)
     e_local = l1[0].shape[0]
+    if len(topk_idx) != R:
+        raise InputError(f"topk_idx: {len(topk_idx)} tensors for {R} ranks (one per rank)")
+    for s in range(R):
+        check_topk_idx(topk_idx[s], e_local * R, f"topk_idx[{s}]")
     # send[s][q]: rows (token, slot) of rank s routed to rank q, in (token, slot) order.
     recv_rows = [[None] * R for _ in range(R)]
     sends = []
@@ -86,6 +106,7 @@ def reference_moe_dist(x, topk_idx, topk_w, l1, l2, group=None, dtype=torch.floa
 
     R = dist.get_world_size(group)
     e_local = l1.shape[0]
+    check_topk_idx(topk_idx, e_local * R)
     idx = topk_idx.long()
     owner = (idx // e_local).reshape(-1)
     order = torch.argsort(owner, stable=True)
@@ -119,5 +140,6 @@ def loopback_inputs(x, topk_idx, topk_w, l1, l2, num_ranks: int):
     """
     e_local = l1.shape[0]
     num_experts = e_local * num_ranks
+    check_topk_idx(topk_idx, num_experts)
     idx = [(topk_idx.long() + r * e_local) % num_experts for r in range(num_ranks)]
     return [x] * num_ranks, idx, [topk_w] * num_ranks, [l1] * num_ranks, [l2] * num_ranks

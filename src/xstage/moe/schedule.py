@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -229,13 +230,19 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     otherwise. `unit_dest_rows` (optional `[units, R]`, rows of each unit per destination rank) fills
     `dest_rows`. Dispatches are hoisted `dispatch_lead` positions ahead of their unit's first LINEAR1
     (default two rounds of CTAs, `2 * num_ctas`; 0 keeps the named order as is). Raises `InputError`
-    for unknown names or non-positive sizes.
+    for unknown names, non-integer or non-positive sizes, and negative expert ids or row counts.
     """
     base, arg = _parse(name)
-    for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)):
-        if int(v) < 1:
-            raise InputError(f"{label}={v}: must be >= 1")
-    unit_expert = [int(e) for e in unit_expert]
+    num_ctas, n1, n2 = (_integer(label, v, 1) for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)))
+    unit_expert = _integers("unit_expert", unit_expert, 0)
+    if unit_rows is not None:
+        unit_rows = _integers("unit_rows", unit_rows, 0)
+        if len(unit_rows) != len(unit_expert):
+            raise InputError(f"unit_rows: {len(unit_rows)} entries for {len(unit_expert)} units (one per unit)")
+    if block_m is not None:
+        block_m = _integer("block_m", block_m, 1)
+    if dispatch_lead is not None:
+        dispatch_lead = _integer("dispatch_lead", dispatch_lead, 0)
     order = _REGISTRY[base](unit_expert, n1, n2, num_ctas, arg)
     if len(order) != len(unit_expert) * (1 + n1 + n2) or len(set(order)) != len(order):
         raise InputError(f"schedule {name!r}: must list every task of every unit exactly once")
@@ -261,6 +268,26 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
         per_unit = np.asarray(unit_dest_rows, dtype=np.int32).reshape(n_units, -1)
         dest = per_unit[tasks[:, 1]] * (tasks[:, :1] == LINEAR2)
     return Schedule(name, int(num_ctas), int(n1), int(n2), n_units, tasks, start, dest)
+
+
+def _integer(label: str, v, minimum: int) -> int:
+    """`v` as an int if it is an integer (Python, numpy or a 0-d integer tensor) >= `minimum`."""
+    try:
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError
+        i = operator.index(v)
+    except TypeError:
+        raise InputError(f"{label}={v!r}: must be an integer >= {minimum}") from None
+    if i < minimum:
+        raise InputError(f"{label}={v!r}: must be an integer >= {minimum}")
+    return i
+
+
+def _integers(label: str, values, minimum: int) -> list[int]:
+    """Every entry of `values` as an int (`_integer`); the error names the entry's position."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise InputError(f"{label}={values!r}: must be a sequence of integers >= {minimum}")
+    return [_integer(f"{label}[{i}]", v, minimum) for i, v in enumerate(values)]
 
 
 def _check_order(table: np.ndarray, n1: int) -> None:

@@ -6,6 +6,8 @@ model, and the planner that picks a schedule.
 - `simulate_kernel(work, paths)` (`simulate.py`): predicted kernel time, per-CTA timelines, breakdown.
 - `plan_moe` (`plan.py`): every candidate schedule predicted and ranked; importing it registers the
   `model_guided` schedule of `xstage.moe` (the planner's pick per call).
+- `load_results` (`measured.py`): benchmark results CSVs read back and checked (columns, sizes,
+  finite positive times, known variants), for validation and attention tile costs.
 """
 
 from xstage.sched.plan import default_ctas, pick_for_moe_buffer, plan_moe

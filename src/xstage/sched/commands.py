@@ -1,88 +1,222 @@
 """`xstage plan`: predicted time of every candidate schedule of the fused MoE or Ulysses kernel, the
-pick and a timeline plot; tile-cost calibration; validation against benchmark results."""
+pick and a timeline plot; tile-cost calibration; validation against benchmark results.
+
+Every handler checks its arguments, output locations and input files before any simulation or
+measurement: a user error is one `InputError` line naming the argument (or file, line and column).
+Long work reports progress on standard error (`xstage.results.progress.Progress`), nothing under
+`--json`, whose standard output is one standard JSON document.
+"""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from xstage.comm.pacing import spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
-from xstage.model.data import write_csv_atomic
+from xstage.moe.buffer import check_block_size
 from xstage.moe.pacing import resolve_pacing
-from xstage.moe.schedule import CANDIDATES, check_schedule
+from xstage.moe.problem import MoeShape, parse_block
+from xstage.moe.schedule import CANDIDATES
 from xstage.moe.variant import Variant
-from xstage.results import emit, markdown_table, read_rows, select
-from xstage.results.io import ResultWriter
+from xstage.results import emit, markdown_table
+from xstage.results.io import ResultWriter, write_csv_atomic
+from xstage.results.output import check_output_dir, check_output_file
 from xstage.results.plots import plot_lines
+from xstage.results.progress import Progress
 from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 from xstage.sched.costs import TaskCosts, load_default_costs
+from xstage.sched.measured import load_results
 from xstage.sched.moe import MoeConfig
-from xstage.sched.plan import default_ctas, plan_moe
+from xstage.sched.plan import check_plannable, default_ctas, plan_moe
 from xstage.sched.timeline import plot_timeline
-from xstage.sched.ulysses import DEFAULT_EXCHANGES, UlyssesConfig, attention_costs, plan_ulysses, validate_ulysses
-from xstage.sched.validate import validate_moe
+from xstage.sched.ulysses import (
+    DEFAULT_EXCHANGES,
+    UlyssesConfig,
+    attention_costs,
+    fused_ulysses_rows,
+    parse_exchange,
+    plan_ulysses,
+    validate_ulysses,
+)
+from xstage.sched.validate import fused_rows, validate_moe
+
+PLOT_NAME = "plan_timeline.png"  # what `--plot FOLDER` writes in the folder
 
 
-def _load_path_params(profile_path: str | None):
-    profile = Profile.load(profile_path) if profile_path else load_default_profile()
-    return profile, profile.params
+# ---- argument checks (before any work) -------------------------------------------------------------
 
+def checked_int(arg: str, value, what: str, minimum: int = 1) -> int:
+    """`value` as an int >= `minimum`, else `InputError` naming `arg` (e.g. `--ctas 0`)."""
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        raise InputError(f"{arg} {value}: must be an integer ({what})") from None
+    if v < minimum:
+        raise InputError(f"{arg} {value}: must be >= {minimum} ({what})")
+    return v
+
+
+def int_list(arg: str, text: str, what: str) -> list[int]:
+    """Comma-separated positive integers (`--tokens 1024,4096`)."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise InputError(f"{arg} {text!r}: give at least one {what}")
+    return [checked_int(arg, t, what) for t in items]
+
+
+def block_m_list(text: str | None) -> list[int] | None:
+    """`--block-m 64,128`: powers of two >= 16 (the kernel's tile rows)."""
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--block-m {text!r}: give comma-separated block sizes such as 64,128")
+    out = []
+    for t in items:
+        try:
+            v = int(t)
+        except ValueError:
+            raise InputError(f"--block-m {text}: {t!r} is not an integer (BLOCK_M, rows per tile)") from None
+        try:
+            out.append(check_block_size(v, "BLOCK_M"))
+        except InputError as exc:
+            raise InputError(f"--block-m {text}: {exc}") from None
+    return out
+
+
+def schedule_list(text: str | None) -> list[str]:
+    """`--candidates` of `plan moe` and `plan validate`: schedules the planner can rank."""
+    if text is None:
+        return list(CANDIDATES)
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--candidates {text!r}: give at least one schedule, e.g. expert_wave,lag:4")
+    for name in items:
+        try:
+            check_plannable(name)
+        except InputError as exc:
+            raise InputError(f"--candidates {text}: {exc}") from None
+    return items
+
+
+def exchange_list(text: str | None) -> list[str]:
+    if text is None:
+        return list(DEFAULT_EXCHANGES)
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise InputError(f"--candidates {text!r}: give at least one exchange, e.g. burst,paced:16")
+    for name in items:
+        try:
+            parse_exchange(name)
+        except InputError as exc:
+            raise InputError(f"--candidates {text}: {exc}") from None
+    return items
+
+
+def plot_path(value: str | None) -> Path | None:
+    """Where `--plot` writes: PATH itself (a `.png` file, replaced if it exists), or
+    `PATH/plan_timeline.png` when PATH is an existing folder."""
+    if value is None:
+        return None
+    p = Path(value)
+    if p.is_dir():
+        p = p / PLOT_NAME
+    elif p.suffix.lower() != ".png":
+        raise InputError(f"--plot {value}: give a .png file path or an existing folder")
+    return check_output_file(p, "--plot", overwrite=True)
+
+
+def _load_profile(profile_path: str | None) -> Profile:
+    return Profile.load(profile_path) if profile_path else load_default_profile()
+
+
+def _load_costs(costs_path: str | None, kernel: str) -> TaskCosts:
+    costs = TaskCosts.load(costs_path) if costs_path else load_default_costs(kernel)
+    if costs.kernel != kernel:
+        raise InputError(f"--costs {costs_path}: task costs of the {costs.kernel!r} kernel; this command needs "
+                         f"the {kernel!r} kernel's (`xstage plan "
+                         f"{'calibrate' if kernel == 'moe' else 'attention-costs'}` writes them)")
+    return costs
+
+
+def _pacing(arg: str, spec: str, path: str, ranks: int):
+    try:
+        return resolve_pacing(spec, path, ranks)
+    except InputError as exc:
+        raise InputError(f"{arg} {spec}: {exc}") from None
+
+
+# ---- handlers --------------------------------------------------------------------------------------
 
 def run_plan_moe(args) -> int:
-
-    profile, params = _load_path_params(args.profile)
-    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("moe")
-    cfg = MoeConfig.parse(args.shape, tokens_per_rank=args.tokens, ep=args.ep)
-    candidates = [check_schedule(c) for c in args.candidates.split(",")] if args.candidates else list(CANDIDATES)
-    block_ms = [int(b) for b in args.block_m.split(",")] if args.block_m else None
-    args.ctas = args.ctas or default_ctas(profile)
-    if args.ctas < 1:
-        raise InputError(f"--ctas {args.ctas}: must be >= 1")
+    shape = MoeShape.parse(args.shape, "--shape")
+    tokens = checked_int("--tokens", args.tokens, "tokens per rank")
+    ep = checked_int("--ep", args.ep, "expert-parallel ranks")
+    if shape.num_experts % ep:
+        raise InputError(f"--ep {ep}: must divide the {shape.num_experts} experts of --shape {shape}")
+    if shape.topk > shape.num_experts:
+        raise InputError(f"--shape {shape}: top-k {shape.topk} is more than its {shape.num_experts} experts")
+    ctas = None if args.ctas is None else checked_int("--ctas", args.ctas, "persistent CTAs")
+    seed = checked_int("--seed", args.seed, "routing seed", minimum=0)
+    block_ms = block_m_list(args.block_m)
+    candidates = schedule_list(args.candidates)
+    plot = plot_path(args.plot)
+    try:
+        cfg = MoeConfig.parse(str(shape), tokens_per_rank=tokens, ep=ep)
+        for bm in block_ms or ():
+            cfg.with_blocks(block_m=bm)
+    except InputError as exc:
+        raise InputError(f"--shape {shape} --tokens {tokens} --ep {ep}: {exc}") from None
+    profile = _load_profile(args.profile)
+    costs = _load_costs(args.costs, "moe")
+    ctas = ctas or default_ctas(profile)
     # The kernel's pacing: "auto" is the default of the profile's path (the kernel's own rule).
-    pacing = resolve_pacing(args.pacing, profile.path, cfg.ep)
-    rows = plan_moe(cfg, params, costs, args.ctas, candidates=candidates, block_ms=block_ms, seed=args.seed,
-                    pacing=pacing)
+    pacing = _pacing("--pacing", args.pacing, profile.path, cfg.ep)
+    total = len(candidates) * len(block_ms or [cfg.block_m])
+    with Progress(total, "plan moe: candidates simulated", quiet=args.json) as bar:
+        rows = plan_moe(cfg, profile.params, costs, ctas, candidates=candidates, block_ms=block_ms, seed=seed,
+                        pacing=pacing, progress=bar.callback)
     table = [
         {"schedule": r.schedule, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
-         "vs_best": r.time_ns / rows[0].time_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / args.ctas,
-         "wait_us_per_cta": r.breakdown["wait"] / 1e3 / args.ctas}
+         "vs_best": r.time_ns / rows[0].time_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas,
+         "wait_us_per_cta": r.breakdown["wait"] / 1e3 / ctas}
         for r in rows
     ]
-    plot = None
-    if args.plot:
-        plot = plot_timeline(rows[0].result, Path(args.plot),
+    if plot is not None:
+        plot = plot_timeline(rows[0].result, plot,
                              title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: {rows[0].schedule} (predicted)")
-    text = (f"{cfg.shape}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {args.ctas} CTAs, "
+    text = (f"{cfg.shape}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {ctas} CTAs, "
             f"store pacing {spec_of(pacing)} (GB/s:KiB), "
             f"profile {profile.describe() if hasattr(profile, 'describe') else args.profile or 'default'}\n"
             + markdown_table(table, list(table[0]), floatfmt=".4g")
             + f"\npick: {rows[0].schedule} (block_m {rows[0].block_m})" + (f"\ntimeline: {plot}" if plot else ""))
-    emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "pacing": spec_of(pacing),
-          "rows": table,
-          "pick": rows[0].schedule, "plot": str(plot) if plot else None}, args.json, text)
+    emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "ctas": ctas,
+          "pacing": spec_of(pacing), "rows": table, "pick": rows[0].schedule,
+          "plot": str(plot) if plot else None}, args.json, text)
     return 0
 
 
-def _progress(label: str):
-    def cb(done: int, total: int) -> None:
-        end = "\n" if done == total else ""
-        print(f"\r{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
-
-    return cb
-
-
 def run_calibrate(args) -> int:
-
-    out = Path(args.out)
-    shapes = args.shapes.split(",") if args.shapes else list(CALIBRATION_SHAPES)
-    tokens = [int(t) for t in str(args.tokens).split(",")]
-    costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=args.block or [None], reps=args.reps,
-                                     progress=_progress("calibrate"))
+    out = check_output_dir(args.out)
+    shapes = [t.strip() for t in args.shapes.split(",") if t.strip()] if args.shapes else list(CALIBRATION_SHAPES)
+    if not shapes:
+        raise InputError(f"--shapes {args.shapes!r}: give at least one shape, e.g. H4096-I2048-E256-K6")
+    parsed = [MoeShape.parse(s, "--shapes") for s in shapes]
+    tokens = int_list("--tokens", args.tokens, "token count")
+    reps = checked_int("--reps", args.reps, "traced runs per shape")
+    for spec in args.block or ():
+        for s in parsed:
+            try:
+                parse_block(spec, s.hidden)
+            except InputError as exc:
+                raise InputError(f"--block {spec} (shape {s}): {exc}") from None
+    blocks = args.block or [None]
+    with Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
+        costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=blocks, reps=reps,
+                                         progress=bar.callback)
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "moe-task-costs.json")
-
     w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
                      key_columns=["shape", "block", "kind", "tokens"])
     w.write_many(r for r in per_shape if not w.done(r))
@@ -95,13 +229,20 @@ def run_calibrate(args) -> int:
 
 
 def run_plan_ulysses(args) -> int:
-
-    profile, params = _load_path_params(args.profile)
-    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("attention")
-    cfg = UlyssesConfig(heads=args.heads, head_dim=args.dim, tokens=args.tokens, ranks=args.ranks,
-                        batch=args.batch, grid=args.ctas or default_ctas(profile))
-    cands = args.candidates.split(",") if args.candidates else list(DEFAULT_EXCHANGES)
-    rows = plan_ulysses(cfg, params, costs, cands)
+    sizes = {arg: checked_int(arg, getattr(args, name), what) for arg, name, what in (
+        ("--heads", "heads", "attention heads"), ("--dim", "dim", "head dim"),
+        ("--tokens", "tokens", "sequence length"), ("--ranks", "ranks", "sequence-parallel ranks"),
+        ("--batch", "batch", "sequences"))}
+    if sizes["--ranks"] > sizes["--heads"]:
+        raise InputError(f"--ranks {sizes['--ranks']}: must be <= --heads {sizes['--heads']} (each rank gets heads)")
+    ctas = None if args.ctas is None else checked_int("--ctas", args.ctas, "persistent programs")
+    cands = exchange_list(args.candidates)
+    profile = _load_profile(args.profile)
+    costs = _load_costs(args.costs, "attention")
+    cfg = UlyssesConfig(heads=sizes["--heads"], head_dim=sizes["--dim"], tokens=sizes["--tokens"],
+                        ranks=sizes["--ranks"], batch=sizes["--batch"], grid=ctas or default_ctas(profile))
+    with Progress(len(cands), "plan ulysses: candidates simulated", quiet=args.json) as bar:
+        rows = plan_ulysses(cfg, profile.params, costs, cands, progress=bar.callback)
     table = [{"exchange": n, "time_us": t / 1e3, "vs_best": t / rows[0][1],
               "stall_us_per_cta": b["stall"] / 1e3 / min(cfg.grid, cfg.tiles)} for n, t, b in rows]
     text = (f"{cfg.heads} heads x {cfg.head_dim}, {cfg.tokens} tokens, {cfg.ranks} ranks: rank 0 has "
@@ -113,9 +254,9 @@ def run_plan_ulysses(args) -> int:
 
 
 def run_attention_costs(args) -> int:
-
-    costs = attention_costs(read_rows(args.results))
-    out = Path(args.out)
+    out = check_output_dir(args.out)
+    res = load_results(args.results, kind="ulysses")
+    costs = attention_costs(res.rows, source=str(res.path), lines=res.lines)
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "attention-task-costs.json")
     table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate, **costs.quality[k]}
@@ -125,30 +266,35 @@ def run_attention_costs(args) -> int:
     return 0
 
 
-def _validate_ulysses(args, rows, params, out: Path) -> int:
-
-    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("attention")
-    out_rows, summary = validate_ulysses(rows, params, costs, exchange=args.exchange)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
-    emit(summary, args.json, markdown_table([summary], list(summary)) + f"\nwritten to {out}/validation-ulysses.csv")
-    return 0
-
-
 def run_validate(args) -> int:
-
-    _, params = _load_path_params(args.profile)
-    costs = TaskCosts.load(args.costs) if args.costs else load_default_costs("moe")
-    rows = read_rows(args.results)
-    if args.only:
-        rows = select(rows, args.only)
-    if rows and "heads" in rows[0]:  # a `xstage bench ulysses` CSV
-        return _validate_ulysses(args, rows, params, Path(args.out))
-    candidates = [check_schedule(c) for c in args.candidates.split(",")] if args.candidates else list(CANDIDATES)
-    Variant("expert_wave", args.default_pacing)  # a malformed --default-pacing fails here, before any simulation
-    out_rows, summary = validate_moe(rows, params, costs, candidates=candidates, default_pacing=args.default_pacing,
-                                     progress=_progress("validate"), workers=args.workers)
-    out = Path(args.out)
+    out = check_output_dir(args.out)
+    workers = checked_int("--workers", args.workers, "processes")
+    candidates = schedule_list(args.candidates)
+    try:
+        Variant("expert_wave", args.default_pacing)  # a malformed pacing fails here, before any simulation
+    except InputError as exc:
+        raise InputError(f"--default-pacing {args.default_pacing}: {exc}") from None
+    try:
+        parse_exchange(args.exchange)
+    except InputError as exc:
+        raise InputError(f"--exchange {args.exchange}: {exc}") from None
+    res = load_results(args.results, only=args.only)
+    params = _load_profile(args.profile).params
+    if res.kind == "ulysses":
+        costs = _load_costs(args.costs, "attention")
+        with Progress(len(fused_ulysses_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
+            out_rows, summary = validate_ulysses(res.rows, params, costs, exchange=args.exchange,
+                                                 progress=bar.callback, source=str(res.path), lines=res.lines)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
+        emit(summary, args.json, markdown_table([summary], list(summary))
+             + f"\nwritten to {out}/validation-ulysses.csv")
+        return 0
+    costs = _load_costs(args.costs, "moe")
+    with Progress(len(fused_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
+        out_rows, summary = validate_moe(res.rows, params, costs, candidates=candidates,
+                                         default_pacing=args.default_pacing, progress=bar.callback, workers=workers,
+                                         source=str(res.path), lines=res.lines)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
     plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
@@ -158,70 +304,97 @@ def run_validate(args) -> int:
     return 0
 
 
-def _add_model_files(p) -> None:
-    p.add_argument("--profile", help="store-path profile JSON (default: the embedded H200 profile)")
-    p.add_argument("--costs", help="task costs JSON (default: the embedded H200 tile costs of the kernel)")
+# ---- the parser ------------------------------------------------------------------------------------
+
+def _add_model_files(p, kernel: str) -> None:
+    p.add_argument("--profile", metavar="JSON", help="store-path profile JSON written by `xstage fit` or `xstage "
+                   "probe` (default: the embedded H200 host-link profile)")
+    p.add_argument("--costs", metavar="JSON", help=f"task costs JSON of {kernel} (default: the embedded H200 "
+                   "tile costs of that kernel)")
+
+
+def _add_json(p) -> None:
+    p.add_argument("--json", action="store_true", help="print one standard JSON document on standard output and "
+                   "no progress (default: off, text for people)")
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
     kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
     m = kinds.add_parser("moe", help="plan the fused MoE kernel's schedule")
-    m.add_argument("--shape", required=True, help="MoE shape H<hidden>-I<intermediate>-E<experts>-K<topk>, "
-                   "e.g. H4096-I2048-E256-K6")
-    m.add_argument("--tokens", type=int, required=True, help="tokens per rank")
-    m.add_argument("--ep", type=int, required=True, help="expert-parallel group size")
-    _add_model_files(m)
-    m.add_argument("--ctas", type=int, default=None, help="persistent CTAs (default: this GPU's SM count, else "
-                   "the SM count of the profile's GPU)")
-    m.add_argument("--candidates", help="comma-separated schedules (default: expert_wave,interleaved,lag:1..16)")
-    m.add_argument("--block-m", help="comma-separated BLOCK_M values to try (default 128)")
-    m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing")
-    m.add_argument("--pacing", default="auto", help="the kernel's store pacing: auto (the default of the "
-                   "profile's path), off, or GBPS:KIB such as 50:128")
-    m.add_argument("--plot", help="write the best candidate's timeline PNG here")
-    m.add_argument("--json", action="store_true", help="print JSON")
-    m.set_defaults(handler=run_plan_moe)
-    u = kinds.add_parser("ulysses", help="plan the fused Ulysses attention kernel's exchange (burst or paced)")
-    u.add_argument("--heads", type=int, required=True, help="attention heads (all ranks)")
-    u.add_argument("--dim", type=int, required=True, help="head dim")
-    u.add_argument("--tokens", type=int, required=True, help="sequence length (all ranks)")
-    u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size")
-    u.add_argument("--batch", type=int, default=1)
-    u.add_argument("--ctas", type=int, default=None, help="persistent programs (default: this GPU's SM count, "
+    m.add_argument("--shape", required=True, help="MoE shape H<hidden>-I<intermediate>-E<experts>-K<topk> "
+                   "(sizes in elements; required), e.g. H4096-I2048-E256-K6")
+    m.add_argument("--tokens", type=int, required=True, help="tokens per rank (a positive count; required)")
+    m.add_argument("--ep", type=int, required=True, help="expert-parallel group size in ranks; must divide the "
+                   "shape's experts (required)")
+    _add_model_files(m, "the MoE kernel, from `xstage plan calibrate`")
+    m.add_argument("--ctas", type=int, default=None, help="persistent CTAs, >= 1 (default: this GPU's SM count, "
                    "else the SM count of the profile's GPU)")
-    _add_model_files(u)
-    u.add_argument("--candidates", help="comma-separated exchanges (default: burst,paced:8..64)")
-    u.add_argument("--json", action="store_true", help="print JSON")
+    m.add_argument("--candidates", metavar="S1,S2", help="comma-separated schedules to rank (default: "
+                   f"{','.join(CANDIDATES)})")
+    m.add_argument("--block-m", metavar="BM1,BM2", help="comma-separated BLOCK_M values to try, in rows per tile: "
+                   "powers of two >= 16 (default: the kernel's 128)")
+    m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing, >= 0 (default: 0)")
+    m.add_argument("--pacing", default="auto", help="the kernel's store pacing: auto (the default of the "
+                   "profile's path), off, or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
+    m.add_argument("--plot", metavar="PATH", help="write the best candidate's timeline here: a .png file "
+                   f"(replaced if it exists) or an existing folder (writes {PLOT_NAME} in it) (default: no plot)")
+    _add_json(m)
+    m.set_defaults(handler=run_plan_moe)
+
+    u = kinds.add_parser("ulysses", help="plan the fused Ulysses attention kernel's exchange (burst or paced)")
+    u.add_argument("--heads", type=int, required=True, help="attention heads over all ranks (required)")
+    u.add_argument("--dim", type=int, required=True, help="head dim in elements (required)")
+    u.add_argument("--tokens", type=int, required=True, help="sequence length in tokens over all ranks (required)")
+    u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size in ranks, <= --heads "
+                   "(required)")
+    u.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
+    u.add_argument("--ctas", type=int, default=None, help="persistent programs, >= 1 (default: this GPU's SM "
+                   "count, else the SM count of the profile's GPU)")
+    _add_model_files(u, "the attention kernel, from `xstage plan attention-costs`")
+    u.add_argument("--candidates", metavar="X1,X2", help="comma-separated exchanges: burst, or paced:R with R "
+                   f"rows per chunk, a power of two (default: {','.join(DEFAULT_EXCHANGES)})")
+    _add_json(u)
     u.set_defaults(handler=run_plan_ulysses)
+
     a = kinds.add_parser("attention-costs", help="attention tile costs from the attention-alone rows of a "
                          "`xstage bench ulysses` CSV (no GPU)")
-    a.add_argument("results", help="ulysses.csv written by `xstage bench ulysses`")
-    a.add_argument("-o", "--out", required=True, help="output folder (attention-task-costs.json)")
-    a.add_argument("--json", action="store_true", help="print JSON")
+    a.add_argument("results", help="ulysses.csv written by `xstage bench ulysses` (required)")
+    a.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
+                   "attention-task-costs.json is written in it (required)")
+    _add_json(a)
     a.set_defaults(handler=run_attention_costs)
+
     c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
-    c.add_argument("-o", "--out", required=True, help="output folder (moe-task-costs.json, moe-tiles.csv)")
-    c.add_argument("--shapes", help="comma-separated shapes (default: the four benchmark shapes)")
-    c.add_argument("--tokens", default="4096", help="comma-separated token counts of the traced runs (EP=1)")
-    c.add_argument("--block", action="append", help="tile config BM:BN1:BN2:BK:WARPS:STAGES, repeatable "
-                   "(default: the benchmark's choice per shape)")
-    c.add_argument("--reps", type=int, default=3, help="traced runs per shape (median)")
-    c.add_argument("--json", action="store_true", help="print JSON")
+    c.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
+                   "moe-task-costs.json and moe-tiles.csv (resumed) are written in it (required)")
+    c.add_argument("--shapes", metavar="S1,S2", help="comma-separated MoE shapes H<hidden>-I<inter>-E<experts>-K<topk> "
+                   f"(default: the benchmark shapes {','.join(CALIBRATION_SHAPES)})")
+    c.add_argument("--tokens", default="4096", metavar="T1,T2", help="comma-separated token counts of the traced "
+                   "runs, tokens per rank at EP=1 (default: 4096)")
+    c.add_argument("--block", action="append", metavar="SPEC", help="tile config BM:BN1:BN2:BK:WARPS:STAGES "
+                   "(block sizes in elements), repeatable (default: the benchmark's choice per shape)")
+    c.add_argument("--reps", type=int, default=3, help="traced runs per shape whose median is taken, >= 1 "
+                   "(default: 3)")
+    _add_json(c)
     c.set_defaults(handler=run_calibrate)
+
     v = kinds.add_parser("validate", help="predicted vs measured kernel times from `xstage bench moe` or "
                          "`xstage bench ulysses` results")
-    v.add_argument("results", help="moe.csv or ulysses.csv written by `xstage bench`")
-    v.add_argument("-o", "--out", required=True, help="output folder (validation.csv, validation.png)")
-    _add_model_files(v)
-    v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only matching rows")
-    v.add_argument("--workers", type=int, default=1, help="processes for the simulations")
-    v.add_argument("--candidates", help="schedules a configuration needs to count for the pick "
-                   "(default: the planner's, expert_wave,interleaved,lag:1..16)")
+    v.add_argument("results", help="moe.csv or ulysses.csv written by `xstage bench` (required)")
+    v.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
+                   "validation.csv and validation.png (MoE) or validation-ulysses.csv are written in it (required)")
+    _add_model_files(v, "the measured kernel (MoE or attention)")
+    v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only rows whose column KEY has "
+                   "one of the values; repeatable, all must match (default: every row)")
+    v.add_argument("--workers", type=int, default=1, help="processes for the MoE simulations, >= 1 (default: 1)")
+    v.add_argument("--candidates", metavar="S1,S2", help="schedules a configuration needs measured to count for "
+                   f"the pick accuracy (default: the planner's, {','.join(CANDIDATES)})")
     v.add_argument("--default-pacing", default="auto", help="pacing of variants without an @ suffix: auto "
-                   "(today's default of the row's path) or off (results measured before the kernel paced)")
-    v.add_argument("--exchange", default="burst", help="Ulysses results: the exchange the fused rows ran "
-                   "(burst or paced:R)")
-    v.add_argument("--json", action="store_true", help="print JSON")
+                   "(today's default of the row's path), off (results measured before the kernel paced) or "
+                   "RATE:BUDGET in GB/s:KiB (default: auto)")
+    v.add_argument("--exchange", default="burst", help="Ulysses results: the exchange the fused rows ran, burst or "
+                   "paced:R with R rows per chunk (default: burst)")
+    _add_json(v)
     v.set_defaults(handler=run_validate)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

@@ -130,13 +130,17 @@ class TaskCosts:
     @classmethod
     def load(cls, path: str | os.PathLike) -> TaskCosts:
         path = Path(path)
+        if path.is_dir():
+            raise InputError(f"task costs file {path}: is a folder; give a task costs JSON file")
         try:
             d = json.loads(path.read_text())
         except FileNotFoundError:
             raise InputError(f"task costs file {path}: does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(f"task costs file {path}: not valid JSON ({exc})") from None
-        return cls.from_dict(d, str(path))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"task costs file {path}: not readable JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise InputError(f"task costs file {path}: expected a JSON object with 'kernel' and 'kinds'")
+        return cls.from_dict(d, f"task costs file {path}")
 
 
 def load_default_costs(kernel: str = "moe") -> TaskCosts:

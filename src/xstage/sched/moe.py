@@ -23,7 +23,7 @@ import numpy as np
 from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.params import PathParams
-from xstage.moe.buffer import BlockConfig
+from xstage.moe.buffer import BlockConfig, check_block_size
 from xstage.moe.problem import MoeShape
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
@@ -52,6 +52,11 @@ class MoeConfig:
     def __post_init__(self):
         require_positive_ints(self, ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep",
                                      "block_m", "block_n1", "block_n2", "block_k", "elem_bytes"), "MoE config")
+        # The kernel's tile extents (`BlockConfig`); block_n2 may also be the whole hidden size (a buffer
+        # whose hidden size is below its block_n2 stores `hidden` columns per tile).
+        for name in ("block_m", "block_n1", "block_n2", "block_k"):
+            if name != "block_n2" or self.block_n2 != self.hidden:
+                check_block_size(getattr(self, name), f"MoE config {name}")
         if self.num_experts % self.ep:
             raise InputError(f"num_experts={self.num_experts}: must be a multiple of ep={self.ep}")
         if self.topk > self.num_experts:

@@ -24,7 +24,7 @@ from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
 from xstage.model.params import PathParams
-from xstage.moe.schedule import CANDIDATES, register_schedule
+from xstage.moe.schedule import CANDIDATES, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import SimResult, simulate_kernel
@@ -51,22 +51,37 @@ def plan_moe(
     block_ms: Sequence[int] | None = None,
     seed: int = 0,
     pacing: StorePacing | None = None,
+    progress=None,
 ) -> list[PlanRow]:
     """Every candidate (schedule x block_m) with its predicted kernel time, fastest first; `pacing` is
-    the kernel's store pacing (`xstage.comm.pacing`), None for unpaced stores."""
-    if num_ctas < 1:
-        raise InputError(f"num_ctas={num_ctas}: must be >= 1")
+    the kernel's store pacing (`xstage.comm.pacing`), None for unpaced stores. `progress(done, total)`
+    is called after each candidate's simulation. Every argument is checked before the first one."""
+    if not isinstance(num_ctas, int) or isinstance(num_ctas, bool) or num_ctas < 1:
+        raise InputError(f"num_ctas={num_ctas!r}: must be a positive integer (persistent CTAs)")
     if not candidates:
         raise InputError("candidates: at least one schedule is needed")
+    for name in candidates:
+        check_plannable(name)
+    configs = [cfg.with_blocks(block_m=bm) for bm in block_ms or (cfg.block_m,)]  # MoeConfig checks block_m
     rows = []
-    for bm in block_ms or (cfg.block_m,):
-        c = cfg.with_blocks(block_m=bm)
+    total = len(configs) * len(candidates)
+    for c in configs:
         for name in candidates:
             work = moe_work(c, name, costs, num_ctas, seed=seed)
             res = simulate_kernel(work, {"remote": remote_path(path, pacing)}, trace_backlog=True)
-            rows.append(PlanRow(name, bm, res.time_ns, res.breakdown(), res))
+            rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res))
+            if progress:
+                progress(len(rows), total)
     rows.sort(key=lambda r: r.time_ns)
     return rows
+
+
+def check_plannable(name) -> None:
+    """An order the planner can simulate: a registered order (`lag:k` included), not a per-call chooser."""
+    check_schedule(name)
+    if chooser(name) is not None:
+        raise InputError(f"schedule {name!r}: chosen per call, not an order the planner can rank")
+    return name
 
 
 def pick_moe_schedule(cfg: MoeConfig, path: PathParams, costs: TaskCosts, num_ctas: int, **kw) -> str:

@@ -34,6 +34,7 @@ from xstage.model import load_default_profile
 from xstage.model.params import PathParams
 from xstage.sched.calibrate import fit_kind
 from xstage.sched.costs import TaskCosts
+from xstage.sched.measured import check_ulysses_rows
 from xstage.sched.moe import remote_path
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.work import KernelWork, Task, require_positive_ints
@@ -159,11 +160,14 @@ def _chunk(cfg: UlyssesConfig, tile: int, j: int, rows: int) -> int:
     return max(0, hi - max(lo, own))
 
 
-def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128) -> TaskCosts:
+def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128, *, source: str = "Ulysses results",
+                    lines: Sequence[int] | None = None) -> TaskCosts:
     """Per-head-dim tile costs fitted to the attention-alone rows of a `xstage bench ulysses` CSV.
 
     A row's kernel runs `ceil(tiles / grid)` rounds of tiles on every program, so one tile costs
-    its time over that; `overhead_ns + work / rate` is fitted per head dim over every row."""
+    its time over that; `overhead_ns + work / rate` is fitted per head dim over every row. The rows
+    are checked first (`check_ulysses_rows`; `source` and `lines` name where a refused row is)."""
+    check_ulysses_rows(rows, source, lines)
     by_dim: dict[int, list[tuple[float, float]]] = {}
     for r in rows:
         if r.get("variant") != "attention":
@@ -178,7 +182,8 @@ def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128) ->
             raise InputError(f"Ulysses results row {r.get('heads')}x{r.get('dim')}/{r.get('tokens')}: "
                              f"malformed ({exc})") from None
     if not by_dim:
-        raise InputError("Ulysses results: no 'attention' rows to calibrate tile costs from")
+        raise InputError(f"{source}: no 'attention' rows (the attention-alone kernel) to fit tile costs to; "
+                         f"its variants are {', '.join(sorted({str(r['variant']) for r in rows}))}")
     kinds, quality = {}, {}
     for d, pts in sorted(by_dim.items()):
         w, t = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
@@ -194,12 +199,19 @@ DEFAULT_EXCHANGES = ("burst", "paced:8", "paced:16", "paced:32", "paced:64")
 
 
 def plan_ulysses(cfg: UlyssesConfig, path: PathParams, costs: TaskCosts,
-                 candidates: Sequence[str] = DEFAULT_EXCHANGES) -> list[tuple[str, float, dict]]:
-    """(exchange, predicted kernel ns, breakdown) of every candidate, fastest first."""
+                 candidates: Sequence[str] = DEFAULT_EXCHANGES, progress=None) -> list[tuple[str, float, dict]]:
+    """(exchange, predicted kernel ns, breakdown) of every candidate, fastest first; `progress(done,
+    total)` is called after each candidate's simulation."""
+    if not candidates:
+        raise InputError("candidates: at least one exchange is needed")
+    for name in candidates:
+        parse_exchange(name)  # every name is checked before the first simulation
     out = []
     for name in candidates:
         res = simulate_kernel(ulysses_work(cfg, name, costs), {"remote": remote_path(path)})
         out.append((name, res.time_ns, res.breakdown()))
+        if progress:
+            progress(len(out), len(candidates))
     return sorted(out, key=lambda r: r[1])
 
 
@@ -213,19 +225,27 @@ def _row_config(r: dict) -> UlyssesConfig:
                          f"malformed ({exc})") from None
 
 
-def validate_ulysses(rows: list[dict], path: PathParams, costs: TaskCosts, exchange: str = "burst"
+def fused_ulysses_rows(rows: Sequence[dict]) -> list[dict]:
+    """The rows `validate_ulysses` predicts: the fused kernel's, with a measured time."""
+    return [r for r in rows if r.get("variant") == "fused" and r.get("sender_ns") not in ("", None)]
+
+
+def validate_ulysses(rows: list[dict], path: PathParams, costs: TaskCosts, exchange: str = "burst", *,
+                     progress=None, source: str = "Ulysses results", lines: Sequence[int] | None = None
                      ) -> tuple[list[dict], dict]:
     """Predicted vs measured fused kernel (sender) time of every `fused` row, which ran `exchange`.
 
     Each row is predicted twice: with the fitted tile costs (`predicted_ns`, no timing of that
     configuration) and with its own attention-alone time as the tile cost (`predicted_exchange_ns`:
-    what the exchange model adds to a measured compute)."""
+    what the exchange model adds to a measured compute). The rows are checked first
+    (`check_ulysses_rows`); `progress(done, total)` is called after each fused row."""
+    parse_exchange(exchange)
+    check_ulysses_rows(rows, source, lines)
     attn = {(r["heads"], r["dim"], r["tokens"], r["P"]): float(r["sender_ns"]) for r in rows
             if r.get("variant") == "attention" and r.get("sender_ns") not in ("", None)}
+    todo = fused_ulysses_rows(rows)
     out = []
-    for r in rows:
-        if r.get("variant") != "fused" or r.get("sender_ns") in ("", None):
-            continue
+    for r in todo:
         cfg = _row_config(r)
         p = remote_path(path)
         pred = simulate_kernel(ulysses_work(cfg, exchange, costs), {"remote": p}).time_ns
@@ -239,8 +259,11 @@ def validate_ulysses(rows: list[dict], path: PathParams, costs: TaskCosts, excha
                     "exchange": exchange, "measured_ns": m, "attention_ns": a if a is not None else math.nan,
                     "predicted_ns": pred, "rel_error": pred / m - 1, "predicted_exchange_ns": pred_x,
                     "rel_error_exchange": pred_x / m - 1})
+        if progress:
+            progress(len(out), len(todo))
     if not out:
-        raise InputError("Ulysses results: no 'fused' rows to validate")
+        raise InputError(f"{source}: no 'fused' rows with a measured sender_ns to validate; its variants are "
+                         f"{', '.join(sorted({str(r['variant']) for r in rows}))}")
     e = np.abs([o["rel_error"] for o in out])
     ex = np.abs([o["rel_error_exchange"] for o in out if not math.isnan(o["rel_error_exchange"])])
     summary = {"rows": len(out), "median_abs_rel_error": float(np.median(e)), "p90_abs_rel_error":

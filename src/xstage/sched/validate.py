@@ -10,6 +10,9 @@ report gives the relative error per row, its median and p90, and per configurati
 every planner candidate was measured, whether the candidate the model ranks first is within the
 tolerance of the best measured one: max(3%, the best one's run-to-run spread), the spread being its
 p10-p90 width over its median when the CSV has those columns.
+
+The rows are checked first (`xstage.sched.measured.check_moe_rows`: columns, sizes, finite positive
+times, known variants); `xstage plan validate` reads them with `load_results`, which names the line.
 """
 
 from __future__ import annotations
@@ -26,10 +29,9 @@ from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import CANDIDATES, chooser
 from xstage.moe.variant import Variant
 from xstage.sched.costs import TaskCosts
+from xstage.sched.measured import BASELINES, check_moe_rows
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
-
-BASELINES = ("unfused", "chain")  # rows of the benchmarks' baselines, not of the fused kernel
 
 
 def split_variant(variant: str, default_pacing: str = "auto") -> tuple[str, str]:
@@ -45,23 +47,17 @@ def _is_schedule(variant: str) -> bool:
 
 
 def _config(row: dict) -> MoeConfig:
-    try:
-        bm, bn1, bn2, bk = (int(v) for v in row["block"].split("x"))
-        return MoeConfig(hidden=int(row["H"]), intermediate=int(row["I"]), num_experts=int(row["E"]),
-                         topk=int(row["K"]), tokens_per_rank=int(row["tokens"]), ep=int(row["ep"]),
-                         block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk)
-    except (KeyError, ValueError) as exc:
-        raise InputError(f"results row {row.get('shape')}/{row.get('tokens')}: malformed ({exc})") from None
+    """The configuration of a checked row (`check_moe_row`)."""
+    bm, bn1, bn2, bk = (int(v) for v in str(row["block"]).split("x"))
+    return MoeConfig(hidden=int(row["H"]), intermediate=int(row["I"]), num_experts=int(row["E"]),
+                     topk=int(row["K"]), tokens_per_rank=int(row["tokens"]), ep=int(row["ep"]),
+                     block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk)
 
 
 def _predict_row(job) -> float:
-    row, path, costs, default_pacing = job
-    cfg = _config(row)
-    schedule, pace = split_variant(row["variant"], default_pacing)
-    pacing = resolve_pacing(pace, row.get("path") or "host", cfg.ep)
-    if not str(row.get("ctas", "")).isdigit():
-        raise InputError(f"results row {row.get('shape')}/{row.get('tokens')}/{row['variant']}: column 'ctas' must "
-                         "be the kernel's CTA count")
+    row, cfg, path, costs, default_pacing = job
+    schedule, pace = split_variant(str(row["variant"]).strip(), default_pacing)
+    pacing = resolve_pacing(pace, str(row["path"]).strip(), cfg.ep)
     work = moe_work(cfg, schedule, costs, int(row["ctas"]))
     return simulate_kernel(work, {"remote": remote_path(path, pacing)}).time_ns
 
@@ -114,20 +110,46 @@ def pick_accuracy(out: list[dict], candidates: Sequence[str] = CANDIDATES, toler
             "pick_loss_max": max(losses) if losses else math.nan}
 
 
+def fused_rows(rows: Sequence[dict], min_ep: int = 2) -> list[dict]:
+    """The rows `validate_moe` predicts: the fused kernel in a fixed order (`_is_schedule`), EP >= `min_ep`."""
+    return [r for r in rows if _is_schedule(str(r["variant"]).strip()) and int(r["ep"]) >= min_ep]
+
+
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, tolerance: float = 0.03,
                  candidates: Sequence[str] = CANDIDATES, default_pacing: str = "auto", progress=None,
-                 workers: int = 1) -> tuple[list[dict], dict]:
-    """Per-row predictions and the summary (median/p90 error, pick accuracy)."""
+                 workers: int = 1, source: str = "results", lines: Sequence[int] | None = None
+                 ) -> tuple[list[dict], dict]:
+    """Per-row predictions and the summary (median/p90 error, pick accuracy). `progress(done, total)`
+    is called after each simulated row; `source` and `lines` (the rows' file and line numbers) name
+    where a refused row is."""
     Variant("expert_wave", default_pacing)  # a malformed spec fails here, before any simulation
-    todo = [r for r in rows if _is_schedule(r.get("variant", "")) and int(r.get("ep", 0)) >= min_ep
-            and r.get("time_ns") not in ("", None)]
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise InputError(f"workers={workers!r}: must be a positive integer (processes)")
+    check_moe_rows(rows, source, lines)
+    todo = fused_rows(rows, min_ep)
     if not todo:
-        raise InputError(f"results: no fused-kernel rows with EP >= {min_ep} to validate")
-    predicted = _map(_predict_row, [(r, path, costs, default_pacing) for r in todo], workers, progress)
+        variants = sorted({str(r["variant"]).strip() for r in rows})
+        eps = sorted({int(r["ep"]) for r in rows})
+        raise InputError(f"{source}: none of its {len(rows)} rows is a fused-kernel row in a fixed schedule with "
+                         f"EP >= {min_ep} (variants {', '.join(variants)}; EP {', '.join(map(str, eps))})")
+    index = {id(r): i for i, r in enumerate(rows)}
+    jobs = []
+    for r in todo:  # every configuration is checked before the first simulation
+        try:
+            cfg = _config(r)
+            resolve_pacing(split_variant(str(r["variant"]).strip(), default_pacing)[1], str(r["path"]).strip(),
+                           cfg.ep)
+        except InputError as exc:
+            i = index[id(r)]
+            where = f"{source}, line {lines[i]}" if lines is not None else f"{source}, row {i + 1}"
+            raise InputError(f"{where}: {exc}") from None
+        jobs.append((r, cfg, path, costs, default_pacing))
+    predicted = _map(_predict_row, jobs, workers, progress)
     out = []
     for r, pred in zip(todo, predicted):
         measured = float(r["time_ns"])
-        out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "ep": int(r["ep"]), "schedule": r["variant"],
+        out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "ep": int(r["ep"]),
+                    "schedule": str(r["variant"]).strip(),
                     "block": r["block"], "measured_ns": measured, "spread": _spread(r), "predicted_ns": pred,
                     "rel_error": pred / measured - 1.0})
     err = np.abs([o["rel_error"] for o in out])
