@@ -3,26 +3,16 @@
 Entry points: `ulysses_attention` / `UlyssesAttention` / `flash_attention` (fused Ulysses attention),
 `xstage.moe.fused_moe` (the fused MoE layer), `xstage.model` (the Burst-Gap model and profiles),
 `xstage.sched` (schedule prediction and planning), `xstage.comm` (buffers, signals, device helpers).
-`import xstage` loads the planner, which registers the `model_guided` MoE schedule; attention loads on
-first use.
+`import xstage` loads the planner, which registers the `model_guided` MoE schedule. On a machine
+without a CUDA GPU, kernels run in Triton's CPU interpreter (`xstage.backend`).
 """
 
-from xstage import sched
-from xstage.version import __version__
+from xstage import backend
 
-_LAZY = {
-    "ulysses_attention": "xstage.attention",
-    "UlyssesAttention": "xstage.attention",
-    "flash_attention": "xstage.attention",
-}
+backend.select()  # before any kernel module is imported: Triton's interpreter where no GPU exists
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'xstage' has no attribute {name!r}")
-
+from xstage import sched  # noqa: E402
+from xstage.attention import UlyssesAttention, flash_attention, ulysses_attention  # noqa: E402
+from xstage.version import __version__  # noqa: E402
 
 __all__ = ["UlyssesAttention", "__version__", "flash_attention", "sched", "ulysses_attention"]

@@ -20,8 +20,16 @@ from xstage.sched import commands as sched_commands
 from xstage.version import __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the command, the argument and the constraint (exit status 2);
+    `-h` shows the full usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="xstage",
         description="Measure, model and schedule the X-Stage of remote stores in fused GPU kernels.",
     )
@@ -37,18 +45,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status: 0 done, 1 nothing to do or an internal error (with its
+    traceback), 2 a user error (one line on standard error), 130 interrupted."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (2), --help and --version (0): a status, also for callers in Python
+        return int(exc.code or 0)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 1
+    words = (getattr(args, d, None) for d in ("command", "grid", "kernel"))  # e.g. "xstage plan moe"
+    name = " ".join(["xstage", *(str(w) for w in words if w)])
     try:
         return int(args.handler(args) or 0)
     except XstageError as exc:
-        print(f"xstage {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"xstage {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 

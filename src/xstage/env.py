@@ -2,8 +2,9 @@
 
 Source provenance has two fields. `git_commit` names the commit: `XSTAGE_GIT_COMMIT` where set (a
 copy of the tree on a device machine), else from git (with `-dirty` when tracked files differ from
-HEAD or the package directory holds untracked files), else `unknown`. `src_hash` is a hash of the package's own files computed at run time: two rows with the
-same commit but different hashes ran different code (a stale `XSTAGE_GIT_COMMIT`, or edits).
+HEAD or the package directory holds untracked files), else `unknown`. `src_hash` is a hash of the
+package's own files computed at run time: two rows with the same commit but different hashes ran
+different code (a stale `XSTAGE_GIT_COMMIT`, or edits).
 """
 
 from __future__ import annotations

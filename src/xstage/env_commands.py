@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from xstage.env import environment, has_gpu, peer_access_matrix
 from xstage.results.output import emit
 
@@ -22,13 +24,12 @@ def _symm_mem_backend() -> str:
 
 def run_env(args) -> int:
 
-    info = dict(environment())
+    info: dict = dict(environment())
+    info["sm_count"] = int(info["sm_count"])  # a number in JSON, like `gpus` (result rows keep strings)
     info["symm_mem_backend"] = _symm_mem_backend()
     info["gpus"] = 0
     peers: list[list[bool]] = []
     if has_gpu():
-        import torch
-
         info["gpus"] = torch.cuda.device_count()
         peers = peer_access_matrix()
     info["peer_access"] = peers
@@ -41,5 +42,5 @@ def run_env(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("env", help="show versions, GPU, SM count, peer access, symmetric-memory backend")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print standard JSON instead of text")
     p.set_defaults(handler=run_env)

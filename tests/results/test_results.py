@@ -2,7 +2,7 @@ import pytest
 
 from xstage.errors import InputError
 from xstage.results import ENV_COLUMNS, ResultWriter, markdown_table, parse_only, read_rows, select, time_device
-from xstage.results.plots import plot_bars, plot_lines
+from xstage.results.plots import bars_figure, lines_figure, plot_lines
 
 ENV = {"gpu": "test-gpu", "driver": "1", "torch": "t", "triton": "tr", "git_commit": "abc", "src_hash": "0123456789ab",
        "date": "2026-01-01"}
@@ -64,10 +64,21 @@ def test_markdown_and_plots(tmp_path):
     rows = [{"x": 1.0, "y": 2.0, "g": "a"}, {"x": 2.0, "y": 3.0, "g": "a"}, {"x": 1.0, "y": 1.0, "g": "b"}]
     table = markdown_table(rows, ["g", "x", "y"])
     assert table.splitlines()[0] == "| g | x | y |" and len(table.splitlines()) == 5
-    out = plot_lines(rows, "x", "y", ["g"], tmp_path / "p.png", logx=True)
-    assert out.stat().st_size > 1000
-    out = plot_bars(["c1", "c2"], {"s1": [1.0, 2.0], "s2": [1.5, 0.5]}, tmp_path / "b.png", hline=1.0)
-    assert out.stat().st_size > 1000
+    fig = lines_figure(rows, "x", "y", ["g"], logx=True, ylabel="time")
+    ax = fig.axes[0]
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.get_lines()}
+    assert lines == {"g=a": ([1.0, 2.0], [2.0, 3.0]), "g=b": ([1.0], [1.0])}  # one line per group, sorted by x
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_xscale()) == ("x", "time", "log")
+    fig = bars_figure(["c1", "c2"], {"s1": [1.0, 2.0], "s2": [1.5, 0.5]}, hline=1.0)
+    ax = fig.axes[0]
+    assert [round(p.get_height(), 6) for p in ax.patches] == [1.0, 2.0, 1.5, 0.5]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["c1", "c2"]
+    assert [list(ln.get_ydata()) for ln in ax.get_lines()] == [[1.0, 1.0]]  # the reference line
+    out = plot_lines(rows, "x", "y", ["g"], tmp_path / "p.png")
+    assert out == tmp_path / "p.png" and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+
+    assert imread(out).shape[:2] == (int(4.5 * 110), int(7 * 110))  # the figure size at 110 dpi
 
 
 def test_time_device_counts_runs():

@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from xstage import backend
 from xstage.comm.device import peer_ptr, signal_add
 from xstage.env import interpreter_active
 from xstage.errors import InputError
@@ -401,6 +402,7 @@ def flash_attention(
         >>> flash_attention(q, k, v, kv_lens=torch.tensor([100, 37], dtype=torch.int32)).shape
         torch.Size([2, 100, 4, 32])
     """
+    backend.require()
     _check_qkv(q, k, v)
     B, S_q, H, D = q.shape
     S_k = k.shape[1]

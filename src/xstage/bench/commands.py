@@ -12,15 +12,18 @@ WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of 
 
 def add_grid_options(p) -> None:
     """Options every grid shares: output folder, slice filter, repeat counts, JSON summary."""
-    p.add_argument("-o", "--out", required=True, help="output folder (CSV, plots, summary.md); resumable")
-    p.add_argument("--only", action="append", metavar="KEY=V1,V2", help="run only matching configurations")
+    p.add_argument("-o", "--out", required=True, help="output folder (CSV, plots, summary.md); a rerun resumes "
+                   "where the CSV stops")
+    p.add_argument("--only", action="append", metavar="KEY=V1,V2", help="run only matching configurations; "
+                   "repeatable, all must match (default: the whole grid)")
     p.add_argument("--warmup", type=int, default=WARMUP, help="untimed runs per configuration (default %(default)s)")
     p.add_argument("--rep", type=int, default=REP, help="timed runs per configuration; median, p10 and p90 are "
                    "reported (default %(default)s)")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this many "
                    "seconds (default: no limit); rerun to continue")
-    p.add_argument("--summarize-only", action="store_true", help="only rewrite the summary from the CSV")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--summarize-only", action="store_true", help="only rewrite the summary from the CSV "
+                   "(no GPU needed)")
+    p.add_argument("--json", action="store_true", help="print the summary as standard JSON")
 
 
 def register(sub, grid_modules) -> None:

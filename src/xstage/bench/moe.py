@@ -33,6 +33,7 @@ from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import CANDIDATES
 from xstage.moe.variant import Variant, parse_variants
 from xstage.results import ResultWriter, Timing, emit, events, select, synchronize, time_device, timing_summary
+from xstage.results.output import check_output_dir
 
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EPS = (2, 4, 8)
@@ -170,6 +171,7 @@ def register_bench(grids) -> None:
 
 
 def _handler(args) -> int:
+    check_output_dir(args.out)
     variants = parse_variants(args.schedules)
     parse_block(args.block, 4096)  # a malformed --block fails here, before any GPU work
     if args.summarize_only:

@@ -41,7 +41,7 @@ from xstage.comm import create_context
 from xstage.errors import InputError
 from xstage.model import load_default_profile, simulate_bursts
 from xstage.results.io import ResultWriter, read_rows
-from xstage.results.output import emit
+from xstage.results.output import check_output_dir, emit
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
@@ -420,6 +420,7 @@ def predicted_exchange_ns(fused: dict, attention_ns: float) -> float:
 
 
 def _handler(args) -> int:
+    check_output_dir(args.out)
 
     fc = None
     if args.block_m:
@@ -448,17 +449,20 @@ def _handler(args) -> int:
 def register_bench(grids) -> None:
     p = grids.add_parser("ulysses", help="fused Ulysses attention vs serial baselines (one GPU, loopback)")
     add_grid_options(p)
-    p.add_argument("--path", choices=("host", "hbm"), default="host", help="where the other ranks' buffers live")
+    p.add_argument("--path", choices=("host", "hbm"), default="host", help="where the other ranks' buffers "
+                   "live: host (pinned host memory over PCIe) or hbm (device memory) (default %(default)s)")
     p.add_argument("--core", action="store_true",
-                   help="attention core vs cuDNN SDPA (16K tokens 24x128, 17776 tokens 30x64), a few configs")
+                   help="measure the attention core vs cuDNN SDPA instead of the grid (16K tokens 24x128, 17776 "
+                   "tokens 30x64; default: the grid)")
     p.add_argument("--core-shapes", default=None, help="with --core: TOKENSxHEADSxDIM[,...] (default both)")
     p.add_argument("--burst", action="store_true",
-                   help="fused rows with the burst epilogue (whole tiles stored at once) instead of the paced one")
+                   help="fused rows with the burst epilogue (whole tiles stored at once; default: the paced one)")
     p.add_argument("--tuned-from", action="append", default=None,
-                   help="core.csv (repeatable): use the fastest configuration per head dim")
-    p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M (with the next three)")
-    p.add_argument("--block-n", type=int, default=128)
-    p.add_argument("--num-warps", type=int, default=8)
-    p.add_argument("--num-stages", type=int, default=3)
+                   help="core.csv (repeatable): use the fastest configuration per head dim (default: the kernel's)")
+    p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M, rows per query tile, "
+                   "with the next three (default 0: the kernel's own choice)")
+    p.add_argument("--block-n", type=int, default=128, help="with --block-m: keys per step (default %(default)s)")
+    p.add_argument("--num-warps", type=int, default=8, help="with --block-m: warps per program (default %(default)s)")
+    p.add_argument("--num-stages", type=int, default=3, help="with --block-m: pipeline stages (default %(default)s)")
     # Long sequences take up to 160 ms a run: this grid keeps fewer runs per configuration than the others.
     p.set_defaults(handler=_handler, warmup=2, rep=10)

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.model.data import SUMMARY_COLUMNS, summarise, write_csv_atomic
-from xstage.results.io import read_rows
+from xstage.model.data import SUMMARY_COLUMNS, summarise
+from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.plots import plot_lines
 
 SUMMARY_FILE_COLUMNS = ["sweep"] + SUMMARY_COLUMNS

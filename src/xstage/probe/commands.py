@@ -12,7 +12,6 @@ Measuring needs a CUDA GPU; planning and analysis run anywhere.
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 from xstage.env import has_gpu
 from xstage.errors import InputError
@@ -20,7 +19,7 @@ from xstage.model import load_default_profile
 from xstage.probe.report import analyse
 from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
-from xstage.results.output import emit
+from xstage.results.output import check_output_dir, emit
 from xstage.results.select import select
 
 
@@ -58,6 +57,10 @@ def run_probe(args) -> int:
     sweeps = parse_sweeps(args.sweep, args.path)
     if args.repeats is not None and args.repeats < 1:
         raise InputError(f"--repeats {args.repeats}: must be >= 1")
+    if args.sm_count is not None and args.sm_count < 1:
+        raise InputError(f"--sm-count {args.sm_count}: must be >= 1")
+    if args.bootstrap < 0:
+        raise InputError(f"--bootstrap {args.bootstrap}: must be >= 0")
     if args.plan:
         planned = [{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))]
         chosen = select(planned, args.only)
@@ -68,7 +71,7 @@ def run_probe(args) -> int:
         return 0
     if not args.out:
         raise InputError("-o/--out: required to measure or analyse")
-    out = Path(args.out)
+    out = check_output_dir(args.out)
     rank = 0
     if not args.analyse_only:
 
@@ -83,8 +86,6 @@ def run_probe(args) -> int:
         if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
             print(f"xstage probe: all {info['configs_skipped']} configurations already measured in {out}")
 
-    if args.bootstrap < 0:
-        raise InputError(f"--bootstrap {args.bootstrap}: must be >= 0")
     result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap)
     emit(result, args.json, result["text"])
     return 0
@@ -92,20 +93,24 @@ def run_probe(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("probe", help="measure a store path (X-Stage microbenchmarks), fit and plot")
-    p.add_argument("--path", choices=sorted(PATH_SWEEPS), default="host", help="where the stores go")
+    p.add_argument("--path", choices=sorted(PATH_SWEEPS), default="host",
+                   help="where the stores go: hbm (device memory), host (pinned host memory over PCIe), peer "
+                   "(other GPUs over NVLink, under torchrun) (default %(default)s)")
     p.add_argument("--sweep", default="all", help="'all' or a comma list of: first, periodic, twoburst, "
-                   "completion, knobs, peers")
+                   "completion, knobs, peers (default %(default)s)")
     p.add_argument("-o", "--out", help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable")
     p.add_argument("--only", action="append", metavar="KEY=V1,V2",
-                   help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...)")
+                   help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...); repeatable "
+                   "(default: all)")
     p.add_argument("--repeats", type=int, help="recorded launches per configuration (default per sweep)")
-    p.add_argument("--plan", action="store_true", help="list the configurations and stop")
+    p.add_argument("--plan", action="store_true", help="list the configurations and stop (nothing is measured)")
     p.add_argument("--sm-count", type=int, help="SM count to plan for (default: this GPU, else the SM count of "
                    "the embedded profile's GPU)")
     p.add_argument("--analyse-only", action="store_true", help="skip measuring; analyse what -o holds")
     p.add_argument("--no-fit", action="store_true", help="skip fitting the profile")
-    p.add_argument("--bootstrap", type=int, default=10, help="bootstrap rounds for parameter intervals (default 10)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--bootstrap", type=int, default=20, help="bootstrap rounds for parameter intervals; fewer "
+                   "than 20 give a range, not a 95%% interval (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (default: progress on standard error)")
+    p.add_argument("--json", action="store_true", help="print the result as standard JSON")
     p.set_defaults(handler=run_probe)
 

@@ -14,7 +14,7 @@ and the held-out CTA-median issue times are predicted and compared (relative err
 configuration weighing equally, as `xstage.model.fit.evaluate_loco` does).
 
 Example:
-    result = analyse("benchmarks/results/h200-host-probe", bootstrap=10)
+    result = analyse("benchmarks/results/h200-host-probe", bootstrap=20)
     print(result["text"])
 """
 
@@ -89,7 +89,7 @@ def holdout_split(configs: list[tuple], multi_burst=()) -> tuple[list[tuple], li
     return sorted(c for c in configs if c not in held), sorted(held)
 
 
-def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 10, structure: str | None = None) -> dict:
+def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, structure: str | None = None) -> dict:
     """Fit the calibration configurations of `path` and predict the held-out ones (see module doc)."""
 
     rows = pool_for_fit(_fit_rows(summary, path))
@@ -210,7 +210,7 @@ def _fmt_params(fit: dict) -> list[dict]:
     for name in fit["fitted"]:
         v = fit["params"][name]
         lo, hi = fit["intervals"].get(name, (math.nan, math.nan))
-        rows.append({"parameter": name, "value": v, "ci95_low": lo, "ci95_high": hi,
+        rows.append({"parameter": name, "value": v, "interval_low": lo, "interval_high": hi,
                      "identified": fit["identified"].get(name)})
     return rows
 
@@ -259,8 +259,10 @@ def _markdown(exp: dict, fit: dict | None, fit_error: str | None, env: dict, run
     else:
         lines += [f"Structure `{fit['structure']}`, {fit['calibration_configs']} calibration configurations, "
                   f"{fit['heldout_configs']} held out (every {HOLDOUT_EVERY}th), {fit['bootstrap']} bootstrap "
-                  "rounds.", "", markdown_table(_fmt_params(fit), ["parameter", "value", "ci95_low", "ci95_high",
-                                                                  "identified"], floatfmt=".4g"), "",
+                  "rounds.", "",
+                  markdown_table(_fmt_params(fit),
+                                 ["parameter", "value", "interval_low", "interval_high", "identified"], floatfmt=".4g"),
+                  "",
                   f"Held-out median relative error of the CTA-median issue time: "
                   f"**{100 * fit['heldout_median_rel_error']:.1f}%** "
                   f"(p90 {100 * fit['heldout_p90_rel_error']:.1f}%); on the calibration set "
@@ -272,7 +274,7 @@ def _markdown(exp: dict, fit: dict | None, fit_error: str | None, env: dict, run
     return "\n".join(lines)
 
 
-def analyse(out_dir, *, fit: bool = True, bootstrap: int = 10, path: str | None = None) -> dict:
+def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None) -> dict:
     """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc."""
     out_dir = Path(out_dir)
     if list((out_dir / "raw").glob("*.csv")):

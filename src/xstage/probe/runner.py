@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from xstage import backend
 from xstage.comm import STAGE_PROBE_FLAG
 from xstage.comm.device import use_ptx
 from xstage.env import interpreter_active
@@ -157,6 +158,7 @@ def expected_region(region: int, burst_bytes: int, n_bursts: int) -> torch.Tenso
 def launch(ctx, dest, cfg: BurstConfig) -> LaunchResult:
     """Run `cfg` once: CTAs of rank `ctx.rank` store into `dest` (a `SymmBuffer` of int32 with at least
     `dest_elems(cfg, ctx.world)` elements) of their destination ranks. Synchronises."""
+    backend.require()
     cfg.validate()
     need = dest_elems(cfg, ctx.world)
     if dest.local.dtype != torch.int32 or dest.local.numel() < need:

@@ -12,9 +12,11 @@ leaves the new one out, so old and new rows of one file stay one table.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -145,3 +147,36 @@ class ResultWriter:
 
     def rows(self) -> list[dict[str, str]]:
         return read_rows(self.path)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_open(path, newline: str | None = None):
+    """A text file that replaces `path` only when the block completes: a failure leaves `path` untouched.
+
+    The file gets the permissions a plain `open` would give it (0666 less the umask), not the private
+    0600 of the temporary file it is written through."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "w", newline=newline) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_csv_atomic(path, rows: list[dict], columns: list[str]) -> None:
+    """Write rows to `path` through a temporary file and a rename (`atomic_open`)."""
+    with atomic_open(path, newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)

@@ -30,12 +30,17 @@ def save_figure(fig, out_png: str | os.PathLike) -> Path:
     return out
 
 
-def plot_lines(
+def plot_lines(rows: Sequence[Mapping[str, object]], x: str, y: str, group_by: Sequence[str],
+               out_png: str | os.PathLike, **kw) -> Path:
+    """`lines_figure(...)` saved as a PNG (see `save_figure`)."""
+    return save_figure(lines_figure(rows, x, y, group_by, **kw), out_png)
+
+
+def lines_figure(
     rows: Sequence[Mapping[str, object]],
     x: str,
     y: str,
     group_by: Sequence[str],
-    out_png: str | os.PathLike,
     *,
     title: str = "",
     xlabel: str | None = None,
@@ -43,8 +48,8 @@ def plot_lines(
     logx: bool = False,
     logy: bool = False,
     hline: float | None = None,
-) -> Path:
-    """One line per distinct value of `group_by`, points sorted by `x`."""
+):
+    """A figure with one line per distinct value of `group_by`, points sorted by `x`."""
     plt = pyplot()
     series: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
@@ -64,19 +69,24 @@ def plot_lines(
     ax.grid(True, alpha=0.3)
     if len(series) > 1:
         ax.legend(fontsize=7, ncol=2)
-    return save_figure(fig, out_png)
+    return fig
 
 
-def plot_bars(
+def plot_bars(labels: Sequence[str], values: Mapping[str, Sequence[float]], out_png: str | os.PathLike,
+              **kw) -> Path:
+    """`bars_figure(...)` saved as a PNG (see `save_figure`)."""
+    return save_figure(bars_figure(labels, values, **kw), out_png)
+
+
+def bars_figure(
     labels: Sequence[str],
     values: Mapping[str, Sequence[float]],
-    out_png: str | os.PathLike,
     *,
     title: str = "",
     ylabel: str = "",
     hline: float | None = None,
-) -> Path:
-    """Grouped bars: one group per label, one bar per key of `values`."""
+):
+    """A figure of grouped bars: one group per label, one bar per key of `values`."""
     plt = pyplot()
     n = max(1, len(values))
     width = 0.8 / n
@@ -90,4 +100,4 @@ def plot_bars(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=7)
-    return save_figure(fig, out_png)
+    return fig

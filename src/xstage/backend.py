@@ -1,0 +1,45 @@
+"""Where Triton kernels run: the GPU, or Triton's CPU interpreter on a machine without one.
+
+`import xstage` calls `select()` before any kernel is defined (Triton reads `TRITON_INTERPRET` when a
+kernel is decorated): on a machine without a CUDA GPU, with `TRITON_INTERPRET` unset, it sets
+`TRITON_INTERPRET=1`, so every kernel runs in Triton's interpreter on CPU tensors: slow, meant for
+tests and small examples. The first kernel call there prints a one-time notice (`require`). Where
+`TRITON_INTERPRET=0` was set by hand on such a machine, `require` raises one line saying how to enable
+the interpreter instead of Triton's "0 active drivers".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from xstage.errors import InputError
+
+_NOTICE = ("xstage: no CUDA GPU here; Triton kernels run in Triton's CPU interpreter (slow, for tests and "
+           "small shapes)")
+_noticed: list[bool] = []
+
+
+def interpreter_on() -> bool:
+    """Whether Triton kernels run in the CPU interpreter (`TRITON_INTERPRET` set and not `0`)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def select() -> None:
+    """Turn the interpreter on where no CUDA GPU exists and nobody chose otherwise."""
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def require() -> None:
+    """Before a kernel call: a GPU, or the interpreter (with a one-time notice); else one clear line."""
+    if torch.cuda.is_available() and not interpreter_on():
+        return
+    if not interpreter_on():
+        raise InputError("no CUDA GPU, and Triton's CPU interpreter is off (TRITON_INTERPRET=0): unset "
+                         "TRITON_INTERPRET (or set it to 1) before importing xstage to run kernels on the CPU")
+    if not _noticed and not torch.cuda.is_available():
+        _noticed.append(True)
+        print(_NOTICE, file=sys.stderr)

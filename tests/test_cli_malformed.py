@@ -1,0 +1,115 @@
+"""Every subcommand answers bad input with one line naming the problem and exit status 2: no traceback,
+nothing written, whatever the malformed input."""
+
+import json
+
+import pytest
+
+from xstage.cli import main
+
+GOOD_PROFILE = None
+
+
+@pytest.fixture
+def files(tmp_path):
+    from xstage.model import load_default_profile
+
+    d = tmp_path
+    (d / "existing.json").write_text("{}")
+    (d / "afile").write_text("x")
+    (d / "empty.csv").write_text("")
+    (d / "notcsv.csv").write_text("\x00\x01garbage\n")
+    prof = load_default_profile("host").to_dict()
+    bad = {"r0-not-number": {**prof, "intervals": {**prof["intervals"], "r0": ["abc", 1]}},
+           "fit-quality-str": {**prof, "fit_quality": "oops"},
+           "provenance-list": {**prof, "provenance": [1, 2]},
+           "path-bogus": {**prof, "path": "bogus"},
+           "params-missing": {k: v for k, v in prof.items() if k != "params"}}
+    for name, p in bad.items():
+        (d / f"{name}.json").write_text(json.dumps(p))
+    (d / "notjson.json").write_text("{not json")
+    moe_cols = "shape,H,I,E,K,tokens,ep,path,variant,time_ns,time_p10_ns,time_p90_ns,block,ctas\n"
+    row = "H512-I256-E16-K2,512,256,16,2,256,4,host,{v},{t},{t},{t},64x64x128x32,8\n"
+    for name, v, t in (("abc", "expert_wave", "abc"), ("nan", "expert_wave", "nan"), ("neg", "expert_wave", "-5"),
+                       ("unknown-variant", "wave_of_doom", "1000")):
+        (d / f"moe-{name}.csv").write_text(moe_cols + row.format(v=v, t=t))
+    (d / "moe-no-time.csv").write_text("shape,H,I,E,K,tokens,ep,path,variant\nH512-I256-E16-K2,512,256,16,2,256,4,"
+                                       "host,expert_wave\n")
+    return d
+
+
+def _cases(d):
+    profile_bad = [str(d / f"{n}.json") for n in ("r0-not-number", "fit-quality-str", "provenance-list",
+                                                    "path-bogus", "params-missing", "notjson", "missing")]
+    cases = [
+        ["env", "--bogus"],
+        ["probe", "--path", "nowhere"],
+        ["probe", "--sweep", "nonsense", "--plan"],
+        ["probe", "--repeats", "0", "--plan"],
+        ["probe", "--sm-count", "-3", "--plan"],
+        ["probe", "-o", str(d / "afile"), "--analyse-only"],
+        ["probe", "-o", str(d / "missing-run"), "--analyse-only"],
+        ["bench", "moe", "-o", str(d / "afile")],
+        ["bench", "moe", "-o", str(d / "x"), "--schedules", "lag:x"],
+        ["bench", "moe", "-o", str(d / "x"), "--schedules", "lag:4@fast"],
+        ["bench", "moe", "-o", str(d / "x"), "--block", "1:2"],
+        ["bench", "ulysses", "-o", str(d / "afile")],
+        ["bench", "ulysses", "-o", str(d / "x"), "--core", "--core-shapes", "axb"],
+        ["model", "--burst", "abc"],
+        ["model", "--burst", "0.5"],
+        ["model", "--burst", "1e30"],
+        ["model", "--burst", "64KiB", "--sms", "100000"],
+        ["model", "--burst", "64KiB", "--gap", "abc"],
+        ["model", "--sms", "8"],
+        ["model", "--plot", str(d / "existing.json")],
+        *[["model", "--profile", p] for p in profile_bad],
+        ["fit", str(d / "empty.csv"), "-o", str(d / "out.json")],
+        ["fit", str(d / "notcsv.csv"), "-o", str(d / "out.json")],
+        ["fit", str(d / "missing.csv"), "-o", str(d / "out.json")],
+        ["fit", "src/xstage/data/h200-hostlink-probe.csv", "-o", str(d)],
+        ["fit", "src/xstage/data/h200-hostlink-probe.csv", "-o", str(d / "existing.json")],
+        ["fit", "src/xstage/data/h200-hostlink-probe.csv", "-o", str(d / "afile" / "out.json")],
+        ["fit", "src/xstage/data/h200-hostlink-probe.csv", "-o", str(d / "no" / "such" / "out.json")],
+        ["plan", "moe", "--shape", "H4096/I2048/E256/top6", "--tokens", "2048", "--ep", "8"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "abc", "--ep", "8"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "7"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "0", "--ep", "8"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--block-m", "abc"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--block-m", "100"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--ctas", "0"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--candidates", "zz"],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--pacing", "fast"],
+        *[["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--profile", p]
+          for p in profile_bad],
+        ["plan", "ulysses", "--heads", "2", "--dim", "64", "--tokens", "100", "--ranks", "4"],
+        ["plan", "ulysses", "--heads", "24", "--dim", "128", "--tokens", "-1", "--ranks", "4"],
+        ["plan", "validate", str(d / "empty.csv"), "-o", str(d / "v")],
+        ["plan", "validate", str(d / "missing.csv"), "-o", str(d / "v")],
+        ["plan", "validate", str(d / "moe-no-time.csv"), "-o", str(d / "v")],
+        *[["plan", "validate", str(d / f"moe-{n}.csv"), "-o", str(d / "v")]
+          for n in ("abc", "nan", "neg", "unknown-variant")],
+        ["plan", "validate", str(d / "moe-abc.csv"), "-o", str(d / "existing.json")],
+        ["plan", "validate", str(d / "moe-abc.csv"), "-o", str(d / "v"), "--workers", "0"],
+        ["plan", "attention-costs", str(d / "empty.csv"), "-o", str(d / "a")],
+        ["plan", "attention-costs", str(d / "moe-abc.csv"), "-o", str(d / "existing.json")],
+        ["demo", "-o", str(d / "existing.json")],
+        ["demo", "-o", str(d / "afile" / "deeper")],
+    ]
+    return cases
+
+
+def test_every_malformed_input_gets_one_line_and_status_2(files, capsys):
+    failures = []
+    before = sorted(p.name for p in files.iterdir())
+    for args in _cases(files):
+        try:
+            code = main(args)
+        except Exception as exc:  # noqa: BLE001 - any escaping exception is the failure this test looks for
+            failures.append(f"{args}: raised {type(exc).__name__}: {exc}")
+            continue
+        out, err = capsys.readouterr()
+        lines = [line for line in err.splitlines() if line.strip()]
+        if code != 2 or len(lines) != 1 or "Traceback" in err or "error" not in lines[0]:
+            failures.append(f"{args}: exit {code}, stderr {err[-400:]!r}")
+    assert not failures, "\n".join(failures)
+    assert sorted(p.name for p in files.iterdir()) == before  # nothing written, nothing overwritten
