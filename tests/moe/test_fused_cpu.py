@@ -232,7 +232,8 @@ def test_buffer_reports_bytes():
     buf = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16, config=CFG)
     nb = buf.nbytes()
     assert nb["combine"] == 2 * 16 * 64 * 2 and nb["combine_host"] == nb["combine"]
-    assert nb["recv"] == buf.rows_cap * 64 * 2 and buf.total_bytes() == sum(nb.values())
+    assert nb["recv"] == buf.pool_rows * 64 * 2 and nb["act"] == buf.pool_rows * 32 * 2
+    assert buf.total_bytes() == sum(nb.values())
 
 
 def test_plan_reports_rows_per_destination():
@@ -259,16 +260,44 @@ def test_partial_last_output_block_and_repeated_calls():
                                    **TOL[torch.float32])
 
 
-def test_routing_beyond_capacity_is_refused():
-    T, E, K, H, I, R = 64, 4, 2, 64, 32, 1
+def test_any_routing_completes_in_a_reused_row_pool():
+    # Every token to the same two experts: 38 units of 16 rows in a pool of 32 units, so 6 units reuse
+    # the slots of units that finished; every schedule gives the reference result, bitwise equal.
+    from xstage.moe.buffer import MIN_POOL_UNITS
+
+    T, E, K, H, I, R = 300, 4, 2, 64, 32, 1
     x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=4)
-    idx = torch.tensor([[0, 1]] * T)  # every token to the same two experts: 128 rows, capacity 96
+    idx = torch.tensor([[0, 1]] * T)
+    unit_bytes = CFG.block_m * (H + I) * 2
     buf = MoEBuffer(T, E, K, H, I, LoopbackGroup(R), device="cpu", dtype=torch.float16, config=CFG,
-                    capacity_factor=0.25)
-    assert buf.rows_cap == 96
+                    pool_bytes=MIN_POOL_UNITS * unit_bytes)
+    assert buf.pool_units == MIN_POOL_UNITS and buf.nbytes()["recv"] == MIN_POOL_UNITS * CFG.block_m * H * 2
     w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
-    with pytest.raises(InputError, match="exceed the buffer capacity"):
-        fused_moe(x, idx, w, w1t, w2, buf)
+    ref = _reference(x, idx, w, l1, l2, R)
+    outs = {}
+    for s in ("expert_wave", "interleaved", "lag:2", "lag:16"):
+        buf.combine.fill_(float("nan"))
+        outs[s] = fused_moe(x, idx, w, w1t, w2, buf, schedule=s)
+        torch.testing.assert_close(outs[s].double(), ref, **TOL[torch.float16])
+    assert all(torch.equal(y, outs["expert_wave"]) for y in outs.values())
+    with pytest.raises(InputError, match="row pool holds"):  # lag:40 needs 42 units in flight
+        fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:40")
+
+
+def test_pool_below_the_minimum_and_deprecated_capacity_factor():
+    from xstage.moe.buffer import MIN_POOL_UNITS
+
+    unit_bytes = CFG.block_m * (64 + 32) * 2
+    with pytest.raises(InputError, match=f"minimum is {MIN_POOL_UNITS} units"):
+        MoEBuffer(300, 4, 2, 64, 32, LoopbackGroup(1), device="cpu", dtype=torch.float16, config=CFG,
+                  pool_bytes=(MIN_POOL_UNITS - 1) * unit_bytes)
+    # A small problem's pool never exceeds the units any routing can make (and may be below the minimum).
+    small = MoEBuffer(4, 4, 2, 64, 32, LoopbackGroup(1), device="cpu", dtype=torch.float16, config=CFG)
+    assert small.pool_units == small.units_cap == -(-4 * 2 // CFG.block_m) + 4
+    with pytest.warns(DeprecationWarning, match="capacity_factor"):
+        old = MoEBuffer(300, 4, 2, 64, 32, LoopbackGroup(1), device="cpu", dtype=torch.float16, config=CFG,
+                        capacity_factor=1.0)
+    assert old.pool_units == max(MIN_POOL_UNITS, -(-(300 * 2 + 4 * (CFG.block_m - 1)) // CFG.block_m))
 
 
 def test_residency_check_refuses_too_many_ctas(monkeypatch):

@@ -131,3 +131,28 @@ def test_remote_path_has_no_per_sm_window_and_costs_more_when_the_link_is_busy()
     window = simulate_kernel(work, {"remote": SLOW_PATH}).time_ns
     held = simulate_kernel(work, {"remote": p}).time_ns
     assert held >= window  # a task can no longer compute while its SM holds its last burst
+
+
+def test_row_pool_slot_waits_are_dependencies_and_cost_time():
+    import dataclasses
+
+    cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=2048, ep=2, block_m=64, block_n1=64,
+                          block_n2=128, block_k=32)
+    experts, _ = synthetic_units(cfg, 0)
+    pool = 8
+    assert len(experts) > 2 * pool
+    pooled = dataclasses.replace(cfg, pool_units=pool)
+    work = moe_work(pooled, "expert_wave", COSTS, 8)
+    deps = {t.name: t.deps for t in work.queue}
+    n2 = -(-cfg.hidden // cfg.block_n2)
+    # Unit `pool` dispatches into unit 0's slot: it waits for every Linear-2 slab of unit 0.
+    assert deps[f"dispatch.{pool}.0"] == tuple(f"linear2.0.{j}" for j in range(n2))
+    assert deps["dispatch.0.0"] == ()
+    # The same order with extra waits (lag:2 keeps its order in a pool of 8): never faster.
+    t_pool = simulate_kernel(moe_work(pooled, "lag:2", COSTS, 8), {"remote": SLOW_PATH}).time_ns
+    t_free = simulate_kernel(moe_work(cfg, "lag:2", COSTS, 8), {"remote": SLOW_PATH}).time_ns
+    assert t_pool >= t_free
+    rows = plan_moe(dataclasses.replace(cfg, pool_units=4), SLOW_PATH, COSTS, 8,
+                    candidates=("expert_wave", "lag:2", "lag:8"))
+    assert [r.schedule for r in rows if r.schedule == "lag:8"] == []  # lag:8 needs 10 units: not a candidate
+    assert {r.schedule for r in rows} == {"expert_wave", "lag:2"}

@@ -36,12 +36,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from xstage.comm.barrier import STAGE_BARRIER, barrier_kernel
+from xstage.comm.device import use_ptx, wait_bounds
 from xstage.comm.stages import decode_error, stage_name
 from xstage.errors import CommTimeoutError, InputError
 
 PATHS = ("hbm", "host", "peer")
 DEFAULT_SIGNAL_SLOTS = 4096
-DEFAULT_TIMEOUT_NS = 2_000_000_000
+# The progress watchdog of every device wait: give up after this long without the awaited counter
+# moving. Ranks sharing one GPU run in turns, so a peer can look idle for seconds; 20 s leaves room for
+# that and still names a dead rank well within a minute.
+DEFAULT_TIMEOUT_NS = 20_000_000_000
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64)
 
@@ -99,6 +104,8 @@ class CommContext:
         if path == "peer":
             self._init_peer_backend()
         self.signal_pad = self.alloc("signal_pad", (signal_slots,), torch.int32)
+        self._barrier_words = self.alloc("barrier", (world,), torch.int32) if path == "peer" else None
+        self._barrier_epoch = 0
 
     def _init_peer_backend(self) -> None:
         import torch.distributed as dist
@@ -194,13 +201,20 @@ class CommContext:
         self.signal_pad.local.zero_()
 
     def barrier(self) -> None:
-        """Wait for this rank's device work, then for every rank of the group (host-side barrier)."""
+        """Wait for this rank's device work, then for every rank of the group. Bounded: a rank that does
+        not arrive within the progress watchdog (`timeout_ns`) is named in a `CommTimeoutError`
+        (`xstage.comm.barrier`)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        if self.path == "peer":
-            import torch.distributed as dist
-
-            dist.barrier(group=self.group)
+        if self.path != "peer":
+            return
+        self._barrier_epoch += 1
+        on_gpu = use_ptx()
+        words = self._barrier_words
+        barrier_kernel[(1,)](words.ptrs, words.local, self.error, self.rank, self.world, self._barrier_epoch,
+                             wait_bounds(self.timeout_ns, on_gpu)[1], STAGE=STAGE_BARRIER, USE_PTX=on_gpu,
+                             num_warps=1)
+        self.check()
 
     def close(self) -> None:
         """Free every buffer of this context (idempotent)."""

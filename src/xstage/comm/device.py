@@ -35,6 +35,8 @@ from xstage.env import interpreter_active
 # Polls per nanosecond of timeout when no timer is available (USE_PTX=False on a GPU): one acquire
 # poll of a flag costs far more than 64 ns, so the bound errs on the long side.
 NS_PER_POLL_FALLBACK = tl.constexpr(64)
+# One poll of a flag in Triton's CPU interpreter takes 0.1-1 ms (several ranks sharing two cores).
+INTERPRETER_NS_PER_POLL = 200_000
 
 
 def use_ptx() -> bool:
@@ -134,25 +136,34 @@ def signal_add(p_flag, inc):
 
 @triton.jit
 def wait_acquire(p_flag, expected, timeout_ns, p_err, code, WAIT: tl.constexpr, USE_PTX: tl.constexpr):
-    """Wait until `*p_flag >= expected` (acquire, system scope), at most `timeout_ns`.
+    """Wait until `*p_flag >= expected` (acquire, system scope): a progress watchdog that gives up only
+    after `timeout_ns` in which the flag did not move (a slow but advancing peer never times out).
 
-    On timeout writes `code` (`stage << 16 | peer`, see `xstage.comm.stages`) into the error word
+    On giving up writes `code` (`stage << 16 | peer`, see `xstage.comm.stages`) into the error word
     `p_err[0]` unless an earlier error is already there, counts the timeout in `p_err[1]`, and returns
     False. A wait also gives up as soon as it sees any error in the word, so one timeout cannot chain
-    into a hang of later waits. With `WAIT=False` the flag is read once (no spinning). Returns True
-    when the flag reached `expected`."""
+    into a hang of later waits. With `WAIT=False` the flag is read once (no spinning). Without a timer
+    (`USE_PTX=False`) the bound counts polls since the flag last moved, `NS_PER_POLL_FALLBACK` ns
+    each. Returns True when the flag reached `expected`."""
     v = tl.atomic_add(p_flag, 0, sem="acquire", scope="sys")
     if WAIT:
-        t_start = globaltimer(USE_PTX)
+        t_moved = globaltimer(USE_PTX)
+        last = v
         n_poll = 0
         err = tl.load(p_err, volatile=True)
         while (v < expected) & (err == 0):
             v = tl.atomic_add(p_flag, 0, sem="acquire", scope="sys")
             n_poll += 1
             if USE_PTX:
-                elapsed = globaltimer(USE_PTX) - t_start
+                now = globaltimer(USE_PTX)
+                if v != last:
+                    t_moved = now
+                elapsed = now - t_moved
             else:
+                if v != last:
+                    n_poll = 0
                 elapsed = tl.cast(n_poll, tl.int64) * NS_PER_POLL_FALLBACK
+            last = v
             if (v < expected) & (elapsed > timeout_ns):
                 tl.atomic_cas(p_err, tl.full([], 0, tl.int32), tl.cast(code, tl.int32), sem="relaxed", scope="sys")
                 tl.atomic_add(p_err + 1, 1, sem="relaxed", scope="sys")
@@ -161,7 +172,17 @@ def wait_acquire(p_flag, expected, timeout_ns, p_err, code, WAIT: tl.constexpr, 
     return v >= expected
 
 
+def wait_bounds(timeout_ns: int, on_gpu: bool) -> tuple[bool, int, int]:
+    """(USE_PTX, timeout argument, poll bound) for the waits of a kernel launch: on a GPU the timer
+    bounds them; in Triton's interpreter (no timer) a poll count stands for `timeout_ns`, at about
+    `INTERPRETER_NS_PER_POLL` per poll there."""
+    if on_gpu:
+        return True, int(timeout_ns), 2**31 - 1
+    polls = max(100, int(timeout_ns) // INTERPRETER_NS_PER_POLL)
+    return False, polls * int(NS_PER_POLL_FALLBACK), polls
+
+
 __all__ = [
     "NS_PER_POLL_FALLBACK", "use_ptx", "globaltimer", "clock64", "smid", "fence_sys", "peer_ptr",
-    "store_tile", "signal_release", "signal_add", "wait_acquire",
+    "store_tile", "signal_release", "signal_add", "wait_acquire", "wait_bounds", "INTERPRETER_NS_PER_POLL",
 ]

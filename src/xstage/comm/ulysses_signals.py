@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xstage.comm.device import peer_ptr, wait_acquire
+from xstage.comm.device import peer_ptr, wait_acquire, wait_bounds
 from xstage.comm.stages import register_stage
 
 STAGE_ULYSSES_OUTPUT = register_stage(16, "attention.ulysses_output")
@@ -56,5 +56,6 @@ def wait_counters(sig_table, sig_like, expected, peers, error, timeout_ns: int, 
     """Launch the one-program wait over `len(expected)` counters (int64 address table `sig_table`,
     int32 `expected`, int32 `peers` (each < 2**16) naming the rank behind each counter for the error
     word). No host synchronisation: the launch can be captured in a CUDA graph."""
-    _wait_counters_kernel[(1,)](sig_table, sig_like, expected, peers, expected.numel(), error, int(timeout_ns),
+    timeout_arg = wait_bounds(timeout_ns, use_ptx)[1]  # without a timer, a poll count stands for the time
+    _wait_counters_kernel[(1,)](sig_table, sig_like, expected, peers, expected.numel(), error, timeout_arg,
                                 STAGE=STAGE_ULYSSES_OUTPUT, WAIT=True, USE_PTX=use_ptx, num_warps=1)

@@ -13,6 +13,19 @@ Groups:
 - a `torch.distributed` process group: buffers are PyTorch symmetric memory; peers are reached
   through peer-relative offsets (`map(p, r) = p + base[r] - base[self]`).
 
+Row pool (`pool_bytes=`): the received rows and their activations live in a pool of `pool_units`
+slots of `block_m` rows, reused in unit order as units finish (unit u takes the slot of unit
+u - pool_units once its Linear-2 tasks are done; the dispatch waits for it, under the watchdog). Any
+legal routing therefore fits in bounded memory; only int32 row metadata is sized for the worst case.
+The default (`DEFAULT_POOL_BYTES`) is 256 MiB; the pool holds at least `MIN_POOL_UNITS` units (or
+every unit a routing can make, if fewer), and a `pool_bytes` below that is refused. An order that
+needs more units in flight than the pool holds (`lag:k` needs k + 2) is refused when planned.
+`capacity_factor` is deprecated: it sizes the pool the way it sized the buffers before.
+
+Watchdog (`timeout_ns=`, default `xstage.comm.DEFAULT_TIMEOUT_NS`, 20 s): every device wait of this
+buffer's calls, and the group barrier, gives up after that long without progress of what it waits
+for; `check()` then raises `CommTimeoutError` naming this rank, the silent peer and the stage.
+
 Store pacing (`pacing=`): the default pacing of the combine's remote stores, resolved once at
 construction (`xstage.moe.pacing.resolve_pacing`): `"auto"` (the default) paces where that was
 measured to pay, today the `host` path; `"off"` or None stores unpaced; `"RATE:BUDGET"` or a
@@ -29,12 +42,13 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from xstage.comm import create_context
+from xstage.comm import DEFAULT_TIMEOUT_NS, create_context
 from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.dtypes import parse_dtype
@@ -42,7 +56,9 @@ from xstage.errors import CommTimeoutError, InputError
 from xstage.moe.pacing import resolve_pacing
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
+STAGE_POOL_SLOT = 37
 STAGE_NAMES = {
+    STAGE_POOL_SLOT: "moe.dispatch_waits_pool_slot",
     STAGE_L1_WAIT: "moe.linear1_waits_dispatch",
     STAGE_L2_WAIT: "moe.linear2_waits_linear1",
     STAGE_COMBINE_DONE: "moe.reduce_waits_combine",
@@ -53,6 +69,11 @@ for _code, _name in STAGE_NAMES.items():
     register_stage(_code, _name)
 
 MAX_BUFFER_BYTES = 96 << 30
+# The row pool (receive rows and activations): 256 MiB holds 102 units of 128 rows at H7168/I3072 in
+# bf16; a pool never holds fewer than MIN_POOL_UNITS units (every built-in schedule up to lag:30 runs
+# in it) nor more units than any routing can fill.
+DEFAULT_POOL_BYTES = 256 << 20
+MIN_POOL_UNITS = 32
 SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
 
 
@@ -123,8 +144,10 @@ class MoEBuffer:
 
     def __init__(self, num_max_tokens_per_rank, num_experts, topk, hidden, intermediate, group=None, *,
                  device="cuda", dtype=torch.bfloat16, config: BlockConfig | None = None,
-                 capacity_factor: float = 2.0, max_bytes: int = MAX_BUFFER_BYTES, pacing="auto"):
+                 pool_bytes: int | None = None, capacity_factor: float | None = None,
+                 max_bytes: int = MAX_BUFFER_BYTES, pacing="auto", timeout_ns: int = DEFAULT_TIMEOUT_NS):
         self.T_max = _pos("num_max_tokens_per_rank", num_max_tokens_per_rank)
+        self.timeout_ns = _pos("timeout_ns", timeout_ns)
         self.E = _pos("num_experts", num_experts)
         self.K = _pos("topk", topk)
         self.H = _pos("hidden", hidden)
@@ -158,14 +181,44 @@ class MoEBuffer:
             raise InputError(f"num_stages={c.num_stages}: {c.num_stages} x {stage} bytes of operand tiles exceed "
                              f"the {SHARED_BYTES} bytes of shared memory per CTA (fewer stages or smaller blocks)")
         self.E_local = self.E // self.R
-        rows = min(self.R * self.T_max * self.K, int(capacity_factor * self.T_max * self.K))
-        rows += self.E_local * (c.block_m - 1)
-        self.units_cap = -(-rows // c.block_m)
+        # Units any legal routing can make: every (token, slot) pair of the group on this rank's experts,
+        # each expert padding its last unit. Only int32 metadata is sized for them; rows live in the pool.
+        self.units_cap = -(-(self.R * self.T_max * self.K) // c.block_m) + self.E_local
         self.rows_cap = self.units_cap * c.block_m
+        self.pool_units = self._pool_units(pool_bytes, capacity_factor, elem)
         self._check_size(max_bytes)
         self._plans: dict = {}
         self._allocate()
         self._pacing = resolve_pacing(pacing, self.store_path, self.R)
+
+    def _pool_units(self, pool_bytes, capacity_factor, elem: int) -> int:
+        """Units of `block_m` rows the receive and activation pool holds (see the module docstring)."""
+        unit_bytes = self.cfg.block_m * (self.H + self.I) * elem
+        if capacity_factor is not None:
+            warnings.warn("MoEBuffer(capacity_factor=...) is deprecated: the rows live in a pool reused as units "
+                          "finish, so any routing fits; pass pool_bytes= to size the pool", DeprecationWarning,
+                          stacklevel=3)
+            if pool_bytes is None:
+                if not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0:
+                    raise InputError(f"capacity_factor={capacity_factor!r}: must be a number > 0")
+                rows = int(capacity_factor * self.T_max * self.K) + self.E_local * (self.cfg.block_m - 1)
+                pool_bytes = -(-rows // self.cfg.block_m) * unit_bytes
+        if pool_bytes is None:
+            pool_bytes = DEFAULT_POOL_BYTES
+        if not isinstance(pool_bytes, int) or isinstance(pool_bytes, bool) or pool_bytes < 1:
+            raise InputError(f"pool_bytes={pool_bytes!r}: must be a positive number of bytes")
+        minimum = min(MIN_POOL_UNITS, self.units_cap)
+        units = min(pool_bytes // unit_bytes, self.units_cap)
+        if units < minimum:
+            raise InputError(f"pool_bytes={pool_bytes}: holds {pool_bytes // unit_bytes} units of {unit_bytes} bytes "
+                             f"({self.cfg.block_m} rows of hidden + intermediate); the minimum is {minimum} units "
+                             f"= {minimum * unit_bytes} bytes")
+        return int(units)
+
+    @property
+    def pool_rows(self) -> int:
+        """Rows of the receive and activation pool."""
+        return self.pool_units * self.cfg.block_m
 
     @property
     def store_path(self) -> str:
@@ -185,8 +238,8 @@ class MoEBuffer:
         """Bytes of each buffer (device unless noted); `total_bytes()` sums them."""
         e = torch.tensor([], dtype=self.dtype).element_size()
         out = {
-            "recv": self.rows_cap * self.H * e,
-            "act": self.rows_cap * self.I * e,
+            "recv": self.pool_rows * self.H * e,
+            "act": self.pool_rows * self.I * e,
             "combine": self.K * self.T_max * self.H * e,
             "x": 0 if self.loopback else self.T_max * self.H * e,
             "counters": 4 * (self.units_cap + 8 + 4 * self.R),
@@ -204,14 +257,14 @@ class MoEBuffer:
             parts = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in self.nbytes().items())
             raise InputError(
                 f"MoE buffer needs {total / 2**30:.2f} GiB ({parts}), over the limit {max_bytes / 2**30:.1f} GiB: "
-                f"reduce num_max_tokens_per_rank, topk, hidden or capacity_factor")
+                f"reduce num_max_tokens_per_rank, topk, hidden or pool_bytes")
 
     def _allocate(self) -> None:
         dev, R = self.device, self.R
         i32 = dict(dtype=torch.int32, device=dev)
         # Zeroed once: TMA reads whole row blocks, and rows past a unit's valid rows must hold finite values.
-        self.recv = torch.zeros(self.rows_cap, self.H, dtype=self.dtype, device=dev)
-        self.act = torch.zeros(self.rows_cap, self.I, dtype=self.dtype, device=dev)
+        self.recv = torch.zeros(self.pool_rows, self.H, dtype=self.dtype, device=dev)
+        self.act = torch.zeros(self.pool_rows, self.I, dtype=self.dtype, device=dev)
         self.ready = torch.zeros(self.units_cap, **i32)
         self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, next task (dynamic)
         self.pace_clock = torch.zeros(1, dtype=torch.int64, device=dev)  # ns; see xstage.comm.pacing
@@ -243,7 +296,7 @@ class MoEBuffer:
     def _allocate_symmetric(self, elem: int) -> None:
 
         R, dev = self.R, self.device
-        self.ctx = create_context(self.group, path="peer", device=dev)
+        self.ctx = create_context(self.group, path="peer", device=dev, timeout_ns=self.timeout_ns)
         x = self.ctx.alloc("moe_x", (self.T_max, self.H), self.dtype)
         idx = self.ctx.alloc("moe_topk_idx", (self.T_max, self.K), torch.int64)
         comb = self.ctx.alloc("moe_combine", (self.K, self.T_max, self.H), self.dtype)

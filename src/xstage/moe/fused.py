@@ -31,6 +31,7 @@ import torch
 import triton
 
 from xstage import backend
+from xstage.comm.device import wait_bounds
 from xstage.comm.pacing import StorePacing, pacing_args
 from xstage.errors import InputError
 from xstage.moe import kernels
@@ -39,6 +40,7 @@ from xstage.moe.buffer import (
     STAGE_COMBINE_DONE,
     STAGE_L1_WAIT,
     STAGE_L2_WAIT,
+    STAGE_POOL_SLOT,
     STAGE_STORE_PACING,
     MoEBuffer,
 )
@@ -47,7 +49,6 @@ from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import TASK_COLS, Schedule, check_schedule, chooser, make_schedule
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-DEFAULT_TIMEOUT_NS = 2_000_000_000
 _REDUCE_BT = 8
 
 
@@ -148,15 +149,13 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None, pacin
     counts = torch.bincount(local.reshape(-1), minlength=buf.E_local).tolist()
     bm = buf.cfg.block_m
     experts = unit_experts(counts, bm)
-    if len(experts) * bm > buf.rows_cap:
-        raise InputError(f"routing: {len(experts) * bm} padded rows for this rank exceed the buffer capacity "
-                         f"{buf.rows_cap} rows (raise capacity_factor)")
     n_units = max(len(experts), 1)
-    lay = routing_layout(all_idx, buf.rank, buf.E_local, bm, buf.rows_cap, n_units, buf.T_max)
+    lay = routing_layout(all_idx, buf.rank, buf.E_local, bm, buf.rows_cap, n_units, buf.T_max, buf.pool_units)
     rows = [min(bm, c - i * bm) for c in counts for i in range(-(-c // bm))]
     n2 = -(-buf.H // buf.cfg.block_n2)
     sched = make_schedule(schedule, experts or [0], ctas or num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
-                          unit_rows=rows or [0], unit_dest_rows=_unit_dest_rows(lay, n_units, bm, buf))
+                          unit_rows=rows or [0], unit_dest_rows=_unit_dest_rows(lay, n_units, bm, buf),
+                          pool_units=buf.pool_units)
     return _Plan(lay, sched, buf.device, buf.cfg.dynamic, pacing=pacing)
 
 
@@ -172,8 +171,7 @@ def _unit_dest_rows(lay, n_units: int, bm: int, buf: MoEBuffer):
 def static_plan(topk_idx, buf: MoEBuffer, schedule: str, pacing="buffer") -> _Plan:
     """A plan with no host synchronisation (CUDA-graph capturable): the schedule covers all
     `buf.units_cap` unit slots with a nominal even split over experts, built once per schedule name;
-    slots the routing leaves empty are skipped by the kernel. Routing beyond the capacity is not
-    detected here (the eager path checks it)."""
+    slots the routing leaves empty are skipped by the kernel. `units_cap` covers every legal routing."""
     pacing = call_pacing(pacing, buf)
     schedule = _resolve_schedule(schedule, buf, buf.T_max, num_ctas(buf), pacing)
     key = ("static", schedule, num_ctas(buf))
@@ -183,19 +181,25 @@ def static_plan(topk_idx, buf: MoEBuffer, schedule: str, pacing="buffer") -> _Pl
         experts = [min(el - 1, u * el // U) for u in range(U)]
         n2 = -(-buf.H // buf.cfg.block_n2)
         sched = make_schedule(schedule, experts, num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
-                              block_m=buf.cfg.block_m)
+                              block_m=buf.cfg.block_m, pool_units=buf.pool_units)
         cached = buf._plans[key] = _Plan(None, sched, buf.device, buf.cfg.dynamic)
     lay = routing_layout(_all_topk(topk_idx, buf), buf.rank, buf.E_local, buf.cfg.block_m, buf.rows_cap,
-                         buf.units_cap, buf.T_max)
+                         buf.units_cap, buf.T_max, buf.pool_units)
     return _Plan(lay, cached.schedule, buf.device, buf.cfg.dynamic, cached.tasks, cached.cta_start, pacing)
 
 
-def _bounds(buf: MoEBuffer, timeout_ns: int):
-    use_ptx = buf.device.type == "cuda" and not _INTERPRET
-    if use_ptx:
-        return use_ptx, timeout_ns, 2**31 - 1
-    # No timer in the interpreter: the bound is a poll count (64 ns per poll in the comm helper).
-    return use_ptx, (2000 * 64 if buf.loopback else 2**26), 2000
+def _bounds(buf: MoEBuffer, timeout_ns: int | None):
+    """(USE_PTX, timeout argument, poll bound) of the kernels' waits; `timeout_ns` None: the buffer's
+    watchdog (`MoEBuffer.timeout_ns`)."""
+    timeout_ns = buf.timeout_ns if timeout_ns is None else int(timeout_ns)
+    if timeout_ns < 1:
+        raise InputError(f"timeout_ns={timeout_ns}: must be >= 1 ns")
+    on_gpu = buf.device.type == "cuda" and not _INTERPRET
+    if not on_gpu and buf.loopback:
+        # The interpreter runs a loopback call's programs one after another in this process: a wait
+        # that is not met at once never will be, so a short poll bound reports it quickly.
+        return False, 2000 * 64, 2000
+    return wait_bounds(timeout_ns, on_gpu)
 
 
 def _operands(buf: MoEBuffer, w1t, w2) -> tuple:
@@ -217,13 +221,14 @@ def _operands(buf: MoEBuffer, w1t, w2) -> tuple:
             w2, desc(w2, c.block_n2))
 
 
-def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True,
-                trace: torch.Tensor | None = None):
+def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = None, wait: bool = True,
+                trace: torch.Tensor | None = None, compile_only: bool = False):
     """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
 
     `trace` (int64 `[num_tasks, 3]`, optional) receives each task's `%globaltimer` after its
     dependency wait, after its last store, and the CTA that ran it; row g for the task at position g
-    of the global order (`Schedule.global_order()`; tile-cost calibration)."""
+    of the global order (`Schedule.global_order()`; tile-cost calibration). `compile_only` compiles
+    (or loads from Triton's cache) without launching."""
     backend.require()
     if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 3)
                               or trace.device.type != buf.device.type):
@@ -232,16 +237,24 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int = DEFAULT_
     c = buf.cfg
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     opts = {} if _INTERPRET else dict(num_warps=c.num_warps, num_stages=c.num_stages)
-    compiled = kernels.moe_main_kernel[(p.schedule.num_ctas,)](
+    args = (
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
         x if buf.loopback else buf.x_buf, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
-        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, timeout_ns, max_spins, *pacing_args(p.pacing),
+        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, buf.pool_units, timeout_ns, max_spins,
+        *pacing_args(p.pacing),
+    )
+    consts = dict(
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
+        STAGE_SLOT=STAGE_POOL_SLOT,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
         TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, WAIT=wait, USE_PTX=use_ptx,
         TRACE=trace is not None, **opts,
     )
+    grid = (p.schedule.num_ctas,)
+    if compile_only:
+        return kernels.moe_main_kernel.warmup(*args, grid=grid, **consts)
+    compiled = kernels.moe_main_kernel[grid](*args, **consts)
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
         _check_residency(compiled, buf)
     return compiled
@@ -259,31 +272,57 @@ def _check_residency(compiled, buf: MoEBuffer) -> None:
                          f"({compiled.n_regs} registers x {buf.cfg.num_warps} warps, {smem} bytes shared)")
 
 
-def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True):
-    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]`."""
+def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = None, wait: bool = True,
+                  compile_only: bool = False):
+    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]` (`compile_only`: compile it)."""
     backend.require()
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     T = y.shape[0]
     bh = next(b for b in (256, 128, 64, 32, 16, 8) if buf.H % b == 0)
-    kernels.moe_reduce_kernel[(max(1, triton.cdiv(T, _REDUCE_BT)),)](
-        buf.combine, buf.read_delta, topk_idx, topk_w, y, buf.ready, buf.units_cap,
-        buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
-        buf.R, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins,
-        STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=triton.next_power_of_2(buf.K),
-        WAIT=wait, USE_PTX=use_ptx, **({} if _INTERPRET else {"num_warps": 4}),
-    )
+    args = (buf.combine, buf.read_delta, topk_idx, topk_w, y, buf.ready, buf.units_cap,
+            buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
+            buf.R, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins)
+    consts = dict(STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=triton.next_power_of_2(buf.K),
+                  WAIT=wait, USE_PTX=use_ptx, **({} if _INTERPRET else {"num_warps": 4}))
+    grid = (max(1, triton.cdiv(T, _REDUCE_BT)),)
+    if compile_only:
+        kernels.moe_reduce_kernel.warmup(*args, grid=grid, **consts)
+    else:
+        kernels.moe_reduce_kernel[grid](*args, **consts)
     return y
 
 
+def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns: int | None) -> None:
+    """Compile both kernels, or load them from Triton's cache, before the group's barrier: a rank's
+    first-call compile then never holds up its peers' waits. Once per buffer and pacing switch (the
+    only launch-time choice that changes the compiled kernel); a GPU-only step (the interpreter
+    compiles nothing)."""
+    key = ("compiled", pacing is not None)
+    if key in buf._plans or buf.device.type != "cuda" or _INTERPRET:
+        return
+    # The layout's shapes and types are what compilation needs: this rank's own routing stands in for
+    # the group's (which is not known before the barrier).
+    idx = topk_idx.long()
+    shifts = torch.arange(buf.R, device=idx.device)[:, None, None] * buf.E_local
+    lay = routing_layout((idx[None] + shifts) % buf.E, buf.rank, buf.E_local, buf.cfg.block_m, buf.rows_cap,
+                         buf.units_cap, buf.T_max, buf.pool_units)
+    n2 = -(-buf.H // buf.cfg.block_n2)
+    sched = make_schedule("expert_wave", [0], num_ctas(buf), buf.I // buf.cfg.block_n1, n2)
+    p = _Plan(lay, sched, buf.device, buf.cfg.dynamic, pacing=pacing)
+    launch_main(x, w1t, w2, buf, p, timeout_ns, compile_only=True)
+    launch_reduce(topk_idx, topk_w, torch.empty_like(x), buf, timeout_ns, compile_only=True)
+    buf._plans[key] = True
+
+
 def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
-           timeout_ns: int = DEFAULT_TIMEOUT_NS, wait: bool = True) -> torch.Tensor:
+           timeout_ns: int | None = None, wait: bool = True) -> torch.Tensor:
     """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
     launch_main(x, w1t, w2, buf, p, timeout_ns, wait)
     return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait)
 
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
-              timeout_ns: int = DEFAULT_TIMEOUT_NS, check: bool = True, static: bool = False,
+              timeout_ns: int | None = None, check: bool = True, static: bool = False,
               pacing="buffer") -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
 
@@ -291,11 +330,14 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     `CommTimeoutError` after the kernels if a wait timed out (another sync). `static=True` with
     `check=False` on a loopback buffer runs without any host synchronisation (CUDA-graph capture):
     the schedule then spans every unit slot of the buffer; call `buf.check()` later for timeouts.
+    `timeout_ns` is the progress watchdog of every wait (default: the buffer's, `MoEBuffer.timeout_ns`): a
+    wait gives up after that long without its counter moving, and `CommTimeoutError` names the rank.
     `pacing` paces the combine's remote stores for this call: `"buffer"` (the buffer's default),
     `"auto"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a `StorePacing` or None (`xstage.moe.pacing`).
     """
     validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
     if not buf.loopback:
+        _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, call_pacing(pacing, buf), timeout_ns)
         buf.x_buf[: x.shape[0]].copy_(x)
         buf.idx_buf.fill_(-1)
         buf.idx_buf[: x.shape[0]].copy_(topk_idx)

@@ -6,19 +6,23 @@ deadlock-free because a task waits only on earlier rows, all taken by running CT
 CTA walks its own round-robin rows. With `TMA` the GEMM operands (receive buffer, activation,
 weights) load through 2-d TMA descriptors, and a `fence.proxy.async` on both sides of each
 readiness counter orders the plain stores that produced them with those loads. The tasks:
-- DISPATCH(u): pull the unit's `block_m` token rows from their source ranks into the local
+- DISPATCH(u): wait until the unit's pool slot is free (unit u - pool_units has finished all its
+  tasks), pull the unit's `block_m` token rows from their source ranks into the slot's rows of the
   receive buffer, then release the unit's readiness counter.
 - LINEAR1(u, n): wait until the unit is dispatched, `[BM, H] x [H, 2*BN1]` gate/up GEMM, SwiGLU in
   the epilogue, store `[BM, BN1]` of the activation, release the counter.
 - LINEAR2(u, n): wait until all LINEAR1 slabs of the unit are done, `[BM, I] x [I, BN2]`, and push
   every output row into `combine[slot, token]` of the token's source rank (vector stores through
   peer-relative offsets): the remote-store burst. With store pacing on (`MoEBuffer.pacing`) the
-  tile first waits until its remote bytes fit the pacing budget (`xstage.comm.pacing`).
+  tile first waits until its remote bytes fit the pacing budget (`xstage.comm.pacing`). Then it
+  releases the readiness counter once more: after all `n2` slabs the slot is free.
+The readiness counter of a unit thus counts 1 dispatch, `n1` LINEAR1 and `n2` LINEAR2 tasks.
 The last CTA to finish raises this rank's completion count on every peer (release, system scope).
 `moe_reduce_kernel` waits for every peer's completion, forms `y[t] = sum_k w[t,k] combine[k,t]`,
 resets the readiness counters and tells the peers that its combine buffer may be reused.
 
-Every wait is bounded: `timeout_ns` of `%globaltimer` with `USE_PTX`, else a poll count (cross-rank
+Every wait is a progress watchdog: it gives up after `timeout_ns` of `%globaltimer` (with `USE_PTX`,
+else a poll count) in which the awaited counter did not move (cross-rank
 waits use `xstage.comm.device.wait_acquire`; the local readiness waits use `wait_geq`, GPU scope). A
 timeout writes `stage << 16 | peer` into the error word (first one wins) and the kernel carries on,
 so the host raises `CommTimeoutError` instead of hanging.
@@ -35,14 +39,16 @@ from xstage.comm.pacing import pace_stores
 
 @triton.jit
 def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.constexpr, USE_PTX: tl.constexpr):
-    """Poll `*p_flag` (acquire, `SCOPE`) until it reaches `target` or the bound runs out; 1 if reached.
+    """Poll `*p_flag` (acquire, `SCOPE`) until it reaches `target`; 1 if reached. A progress watchdog:
+    it gives up only after `timeout_ns` (or `max_spins` polls) in which the flag did not move.
 
-    Unlike `wait_acquire` (system scope, for flags other ranks write) this polls at GPU scope and
-    bounds the interpreter by `max_spins`: it guards the local readiness counters between tasks."""
+    Unlike `wait_acquire` (system scope, for flags other ranks write) this polls at GPU scope: it
+    guards the local readiness counters between tasks."""
     v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
     if v < target:
-        t0 = globaltimer(USE_PTX)
-        elapsed = t0 - t0
+        t_moved = globaltimer(USE_PTX)
+        last = v
+        elapsed = t_moved - t_moved
         spins = 0
         # Give up at once when another wait already timed out, so timeouts cannot queue up.
         err = tl.load(p_err, volatile=True)
@@ -50,8 +56,13 @@ def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.const
             v = tl.atomic_add(p_flag, 0, sem="acquire", scope=SCOPE)
             spins += 1
             err = tl.load(p_err, volatile=True)
+            if v != last:
+                spins = 0
+                if USE_PTX:
+                    t_moved = globaltimer(USE_PTX)
+            last = v
             if USE_PTX:
-                elapsed = globaltimer(USE_PTX) - t0
+                elapsed = globaltimer(USE_PTX) - t_moved
         if (v < target) & (err == 0):
             tl.atomic_cas(p_err, 0, code)
             tl.atomic_add(p_err + 1, 1)
@@ -59,7 +70,7 @@ def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.const
 
 
 @triton.jit
-def _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H,
+def _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H,
               BM: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
@@ -67,7 +78,7 @@ def _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STR
     b_delta = tl.load(p_x_delta + b_src // T_STRIDE, mask=m_m, other=0)  # [BM] int64
     o_src = b_delta + (b_src % T_STRIDE).to(tl.int64) * H
     o_src = tl.multiple_of(o_src, 8)
-    o_dst = (row0 + o_m).to(tl.int64) * H
+    o_dst = (prow + o_m).to(tl.int64) * H  # the unit's pool slot
     for h in range(0, H, BD):
         o_d = h + tl.arange(0, BD)
         b_x = tl.load(p_x + o_src[:, None] + o_d[None, :], mask=m_m[:, None])  # [BM, BD]
@@ -79,7 +90,7 @@ def _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STR
 
 
 @triton.jit
-def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I,
+def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I,
              BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
@@ -91,12 +102,12 @@ def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
         # the epilogue masks (a GEMM row depends on its own input row only).
         w_row = e * 2 * I + nb * 2 * BN1  # gate slab, then the up slab (interleaved layout)
         for k in range(0, H, BK):
-            b_a = d_recv.load([row0, k])
+            b_a = d_recv.load([prow, k])
             b_g = tl.dot(b_a, d_w1.load([w_row, k]).T, b_g)
             b_u = tl.dot(b_a, d_w1.load([w_row + BN1, k]).T, b_u)
     else:
         o_k = tl.arange(0, BK)
-        p_a = p_recv + (row0 + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
+        p_a = p_recv + (prow + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
         o_w = e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
         p_g = p_w1 + o_w  # [BK, BN1] gate slab
         p_u = p_g + BN1 * H  # [BK, BN1] up slab (interleaved layout)
@@ -108,7 +119,7 @@ def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
             p_g += BK
             p_u += BK
     b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU
-    p_o = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + (nb * BN1 + o_n)[None, :]
+    p_o = p_act + (prow + o_m).to(tl.int64)[:, None] * I + (nb * BN1 + o_n)[None, :]
     tl.store(p_o, b_h.to(p_act.dtype.element_ty), mask=m_m[:, None])
     if TMA:
         fence_proxy_async(USE_PTX)  # LINEAR2 reads the activation through TMA
@@ -117,8 +128,8 @@ def _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
 
 
 @triton.jit
-def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
-             p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
+def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
+             p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
              STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
              PACED: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
@@ -129,10 +140,10 @@ def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slo
     if TMA:
         w_row = e * H + nb * BN2  # columns past H read the next expert's rows; the store masks them
         for k in range(0, I, BK):
-            b_acc = tl.dot(d_act.load([row0, k]), d_w2.load([w_row, k]).T, b_acc)
+            b_acc = tl.dot(d_act.load([prow, k]), d_w2.load([w_row, k]).T, b_acc)
     else:
         o_k = tl.arange(0, BK)
-        p_a = p_act + (row0 + o_m).to(tl.int64)[:, None] * I + o_k[None, :]  # [BM, BK]
+        p_a = p_act + (prow + o_m).to(tl.int64)[:, None] * I + o_k[None, :]  # [BM, BK]
         p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
         for _k in range(0, I, BK):
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
@@ -152,13 +163,17 @@ def _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slo
         pace_stores(p_pace, n_remote * n_cols * (p_comb.dtype.element_ty.primitive_bitwidth // 8), pace_fs,
                     pace_budget_ns, timeout_ns, max_spins, p_err, STAGE_PACE * 65536 + rank, USE_PTX)
     tl.store(p_c, b_acc.to(p_comb.dtype.element_ty), mask=m_m[:, None] & m_n[None, :])
+    # This slab has read its activation rows: after all n2 slabs the unit's pool slot is free.
+    tl.debug_barrier()
+    tl.atomic_add(p_ready + u, 1, sem="release", scope="gpu")
 
 
 @triton.jit
 def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
               p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
-              pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins,
-              STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, TASK_COLS: tl.constexpr,
+              pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
+              STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, STAGE_SLOT: tl.constexpr,
+              TASK_COLS: tl.constexpr,
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
               TMA: tl.constexpr, PACED: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
@@ -169,9 +184,14 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
     e = tl.load(p_units + u * 4)
     row0 = tl.load(p_units + u * 4 + 1)
     n_rows = tl.load(p_units + u * 4 + 2)
+    prow = tl.load(p_units + u * 4 + 3)
     if n_rows > 0:
         if WAIT:
-            if kind == 1:
+            if kind == 0:
+                if u >= pool_units:
+                    wait_geq(p_ready + u - pool_units, 1 + n1 + n2, p_err, STAGE_SLOT * 65536 + rank, timeout_ns,
+                             max_spins, "gpu", USE_PTX)
+            elif kind == 1:
                 wait_geq(p_ready + u, 1, p_err, STAGE_L1 * 65536 + rank, timeout_ns, max_spins, "gpu", USE_PTX)
             elif kind == 2:
                 wait_geq(p_ready + u, 1 + n1, p_err, STAGE_L2 * 65536 + rank, timeout_ns, max_spins,
@@ -181,14 +201,14 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
         if TRACE:
             t_go = globaltimer(USE_PTX)
         if kind == 0:
-            _dispatch(u, row0, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD,
+            _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD,
                       TMA, USE_PTX)
         elif kind == 1:
-            _linear1(u, e, row0, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
+            _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
                      TMA, USE_PTX)
         else:
-            _linear2(e, row0, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
-                     p_comb_delta, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
+            _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
+                     p_comb_delta, p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
                      max_spins, STAGE_PACE, BM, BN2, BK, TMA, PACED, USE_PTX)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
@@ -201,13 +221,14 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
             tl.store(p_trace + g * 3 + 2, i_c.to(tl.int64))
 
 
-@triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE", "pace_fs", "pace_budget_ns"])
+@triton.jit(do_not_specialize=["rank", "num_ranks", "T_STRIDE", "pace_fs", "pace_budget_ns", "pool_units"])
 def moe_main_kernel(
     p_tasks, p_cta_start, p_units, p_row_src, p_row_slot,
     p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1, p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta,
     p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace, p_pace,
-    rank, num_ranks, T_STRIDE, H, I, timeout_ns, max_spins, pace_fs, pace_budget_ns,
+    rank, num_ranks, T_STRIDE, H, I, pool_units, timeout_ns, max_spins, pace_fs, pace_budget_ns,
     STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr, STAGE_PACE: tl.constexpr,
+    STAGE_SLOT: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
     WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
@@ -220,6 +241,7 @@ def moe_main_kernel(
         for q in range(num_ranks):
             wait_acquire(p_sig + num_ranks + q, it, timeout_ns, p_err, STAGE_FREE * 65536 + q, True, USE_PTX)
     n1 = I // BN1
+    n2 = tl.cdiv(H, BN2)
     if DYNAMIC:
         # The table is in global order; each CTA takes the next task when it is free. A task waits
         # only on tasks before it, all already taken by running CTAs, so this cannot deadlock.
@@ -228,16 +250,16 @@ def moe_main_kernel(
         while ti < n_tasks:
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
-                      pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2,
-                      STAGE_PACE, TASK_COLS,
+                      pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins, STAGE_L1,
+                      STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, PACED, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
-                      pace_budget_ns, rank, T_STRIDE, H, I, n1, timeout_ns, max_spins, STAGE_L1, STAGE_L2,
-                      STAGE_PACE, TASK_COLS,
+                      pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins, STAGE_L1,
+                      STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, PACED, WAIT, USE_PTX, TRACE)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")

@@ -6,17 +6,20 @@ Linear-1 task reads one contiguous `2*block_n1`-row slab and applies SwiGLU in i
 Linear-2 `l2 [E, H, I]` keeps its layout (rows are output columns, K-contiguous).
 
 Routing layout: the rows this rank receives are sorted by local expert; each expert's rows are
-padded to a multiple of `block_m`; a *unit* is one `block_m` row block of one expert. All shapes are
-fixed by the capacities, so the layout runs without host synchronisation (CUDA-graph friendly).
+padded to a multiple of `block_m`; a *unit* is one `block_m` row block of one expert. A unit's rows
+have a logical position (for their source token and top-k slot) and a place in the row pool, the
+receive and activation buffers: unit u uses pool slot `u % pool_units`, freed when unit
+u - pool_units is done. All shapes are fixed by the capacities, so the layout runs without host
+synchronisation (CUDA-graph friendly).
 
 Example:
     >>> import torch
     >>> from xstage.moe.layout import routing_layout
     >>> idx = torch.tensor([[[0, 1], [1, 2]]])           # 1 rank, 2 tokens, top-2, 4 experts
     >>> lay = routing_layout(idx, rank=0, num_local_experts=4, block_m=2, rows_cap=8, units_cap=4,
-    ...                      token_stride=2)
-    >>> lay.unit_info[:3].tolist()                       # (expert, first row, rows) per unit
-    [[0, 0, 1, 0], [1, 2, 2, 0], [2, 4, 1, 0]]
+    ...                      token_stride=2, pool_units=2)
+    >>> lay.unit_info[:3].tolist()                       # (expert, first row, rows, first pool row)
+    [[0, 0, 1, 0], [1, 2, 2, 2], [2, 4, 1, 0]]
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def untransform_l1(l1t: torch.Tensor, block_n1: int) -> torch.Tensor:
 class RoutingLayout:
     """Device tensors describing the rows this rank computes.
 
-    unit_info: [units_cap, 4] int32 (local expert, first padded row, valid rows, 0); unused units have 0 rows.
+    unit_info: [units_cap, 4] int32 (local expert, first padded row, valid rows, first row of its pool
+               slot); unused units have 0 rows.
     row_src:   [rows_cap] int32, `source_rank * token_stride + token` of each padded row (-1: padding).
     row_slot:  [rows_cap] int32, top-k slot of each row.
     counts:    [num_local_experts] int64 rows per local expert.
@@ -70,8 +74,10 @@ class RoutingLayout:
     num_units: torch.Tensor
 
 
-def routing_layout(all_topk_idx, rank, num_local_experts, block_m, rows_cap, units_cap, token_stride):
-    """Layout of the rows rank `rank` receives, from every rank's routing `all_topk_idx [R, T, K]`."""
+def routing_layout(all_topk_idx, rank, num_local_experts, block_m, rows_cap, units_cap, token_stride,
+                   pool_units: int | None = None):
+    """Layout of the rows rank `rank` receives, from every rank's routing `all_topk_idx [R, T, K]`;
+    `pool_units` slots of `block_m` rows hold them (default: one slot per unit)."""
     R, T, K = all_topk_idx.shape
     dev = all_topk_idx.device
     flat = all_topk_idx.reshape(-1).long()
@@ -103,7 +109,8 @@ def routing_layout(all_topk_idx, rank, num_local_experts, block_m, rows_cap, uni
     ec = e.clamp(max=num_local_experts - 1)
     mb = u - (uend[ec] - n_units[ec])
     rows = torch.where(e < num_local_experts, (counts[ec] - mb * block_m).clamp(0, block_m), torch.zeros_like(u))
-    info = torch.stack([ec, pstart[ec] + mb * block_m, rows, torch.zeros_like(u)], dim=1).to(torch.int32)
+    pool_row = (u % (pool_units or units_cap)) * block_m
+    info = torch.stack([ec, pstart[ec] + mb * block_m, rows, pool_row], dim=1).to(torch.int32)
     return RoutingLayout(info.contiguous(), row_src[:rows_cap], row_slot[:rows_cap], counts, uend[-1])
 
 

@@ -42,6 +42,10 @@ from xstage.errors import InputError
 DISPATCH, LINEAR1, LINEAR2 = 0, 1, 2
 KIND_NAMES = ("dispatch", "linear1", "linear2")
 TASK_COLS = 8
+
+
+class PoolTooSmallError(InputError):
+    """A schedule needs more units in flight than the row pool holds (a larger pool or another order)."""
 COLUMNS = ("kind", "unit", "n_block", "expert", "m_block", "wait_target", "global_index", "store_rows")
 
 
@@ -94,19 +98,24 @@ def _first(u: int, n1: int) -> list[Task]:
     return [(DISPATCH, u, 0)] + _unit_tasks(LINEAR1, u, n1)
 
 
-def _waves(unit_expert: Sequence[int], n1: int, num_ctas: int) -> list[list[int]]:
+def _waves(unit_expert: Sequence[int], n1: int, num_ctas: int, max_units: int | None = None) -> list[list[int]]:
+    """Waves of whole experts with at least `2 * num_ctas` LINEAR1 tasks each; with `max_units` (the
+    units a bounded row pool lets be in flight) a wave holds at most that many units, splitting an
+    expert where it must."""
     waves: list[list[int]] = [[]]
     for u, e in enumerate(unit_expert):
         boundary = u == 0 or unit_expert[u - 1] != e
-        if boundary and len(waves[-1]) * n1 >= 2 * num_ctas:
+        full = max_units is not None and len(waves[-1]) >= max_units
+        if full or (boundary and len(waves[-1]) * n1 >= 2 * num_ctas):
             waves.append([])
         waves[-1].append(u)
     return [w for w in waves if w]
 
 
-def _expert_wave(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
+def _expert_wave(unit_expert, n1, n2, num_ctas, arg, pool_units=None) -> list[Task]:
+    # A wave's dispatches run ahead into the previous wave's LINEAR2 tasks: two waves share the pool.
     order: list[Task] = []
-    for wave in _waves(unit_expert, n1, num_ctas):
+    for wave in _waves(unit_expert, n1, num_ctas, max(1, pool_units // 2) if pool_units else None):
         for u in wave:
             order += _first(u, n1)
         for u in wave:
@@ -114,8 +123,9 @@ def _expert_wave(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
     return order
 
 
-def _interleaved(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
-    waves = _waves(unit_expert, n1, num_ctas)
+def _interleaved(unit_expert, n1, n2, num_ctas, arg, pool_units=None) -> list[Task]:
+    # LINEAR1 of wave w+1 runs beside LINEAR2 of wave w, and wave w+2's dispatches run ahead: three waves.
+    waves = _waves(unit_expert, n1, num_ctas, max(1, pool_units // 3) if pool_units else None)
     order: list[Task] = []
     for u in waves[0]:
         order += _first(u, n1)
@@ -137,7 +147,8 @@ def _interleaved(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
     return order
 
 
-def _lag(unit_expert, n1, n2, num_ctas, arg) -> list[Task]:
+def _lag(unit_expert, n1, n2, num_ctas, arg, pool_units=None) -> list[Task]:
+    # k + 2 units are in flight; a smaller pool is refused when the order is checked (`make_schedule`).
     k = int(arg)
     n_units = len(unit_expert)
     order: list[Task] = []
@@ -160,7 +171,8 @@ CANDIDATES = ("expert_wave", "interleaved", "lag:1", "lag:2", "lag:4", "lag:8", 
 
 
 def register_schedule(name: str, fn: Callable | None = None, *, chooser: Callable | None = None) -> None:
-    """Add an order `fn(unit_expert, n1, n2, num_ctas, arg) -> [(kind, unit, n_block), ...]`, or a
+    """Add an order `fn(unit_expert, n1, n2, num_ctas, arg, pool_units=None) -> [(kind, unit, n_block),
+    ...]` (`pool_units`: the units the row pool holds at once, None for no bound), or a
     `chooser(buf, tokens, num_ctas, pacing) -> schedule name` that picks one of the orders per call."""
     if not name.isidentifier():
         raise InputError(f"schedule name {name!r}: must be an identifier")
@@ -203,34 +215,52 @@ def _parse(name: str):
     return base, arg
 
 
-def hoist_dispatch(order: list[Task], lead: int) -> list[Task]:
+def hoist_dispatch(order: list[Task], lead: int, pool_units: int | None = None) -> list[Task]:
     """Move each DISPATCH `lead` positions ahead of its unit's first LINEAR1 (or to the front).
 
     In the orders above a dispatch sits right before its unit's LINEAR1 tasks, so with many CTAs
     those tasks start together with the dispatch and wait for it. Tasks start in global order about
     `num_ctas` at a time, so a lead of two rounds lets the rows arrive before they are needed. Only
-    dispatches move (they depend on nothing), so every dependency still comes earlier."""
-    if lead <= 0:
+    dispatches move (they depend on nothing), so every dependency still comes earlier.
+
+    With a row pool of `pool_units` units, unit u reuses the rows of unit u - pool_units: its dispatch
+    also stays after that unit's last LINEAR2 (the slot is free then), so the wait for the slot is a
+    dependency on earlier tasks too. An order that needs a unit's LINEAR1 before that point cannot run
+    in the pool (`make_schedule` refuses it)."""
+    if lead <= 0 and not pool_units:
         return list(order)
     rest = [t for t in order if t[0] != DISPATCH]
     first_l1: dict[int, int] = {}
+    last_l2: dict[int, int] = {}
     for i, (kind, u, _nb) in enumerate(rest):
         if kind == LINEAR1:
             first_l1.setdefault(u, i)
+        elif kind == LINEAR2:
+            last_l2[u] = i
     keyed = [((i, 1), t) for i, t in enumerate(rest)]
-    keyed += [((max(0, first_l1.get(t[1], len(rest)) - lead), 0), t) for t in order if t[0] == DISPATCH]
+    for t in order:
+        if t[0] != DISPATCH:
+            continue
+        u = t[1]
+        pos = max(0, first_l1.get(u, len(rest)) - max(0, lead))
+        if pool_units and u >= pool_units:
+            pos = max(pos, last_l2.get(u - pool_units, -1) + 1)
+        keyed.append(((pos, 0), t))
     return [t for _key, t in sorted(keyed, key=lambda kt: kt[0])]
 
 
 def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=None,
-                  unit_dest_rows=None, dispatch_lead: int | None = None) -> Schedule:
+                  unit_dest_rows=None, dispatch_lead: int | None = None, pool_units: int | None = None) -> Schedule:
     """The schedule `name` for units whose local experts are `unit_expert` (in unit order).
 
     `unit_rows` (optional, valid rows per unit) fills the `store_rows` column; `block_m` is used
     otherwise. `unit_dest_rows` (optional `[units, R]`, rows of each unit per destination rank) fills
     `dest_rows`. Dispatches are hoisted `dispatch_lead` positions ahead of their unit's first LINEAR1
-    (default two rounds of CTAs, `2 * num_ctas`; 0 keeps the named order as is). Raises `InputError`
-    for unknown names, non-integer or non-positive sizes, and negative expert ids or row counts.
+    (default two rounds of CTAs, `2 * num_ctas`; 0 keeps the named order as is). `pool_units` bounds
+    the units whose rows are held at once (a row pool reused in unit order: unit u takes the slot of
+    unit u - pool_units once that unit's LINEAR2 tasks are done); None holds every unit. Raises
+    `InputError` for unknown names, non-integer or non-positive sizes, negative expert ids or row
+    counts, and an order that needs more units in flight than the pool holds.
     """
     base, arg = _parse(name)
     num_ctas, n1, n2 = (_integer(label, v, 1) for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)))
@@ -243,10 +273,14 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
         block_m = _integer("block_m", block_m, 1)
     if dispatch_lead is not None:
         dispatch_lead = _integer("dispatch_lead", dispatch_lead, 0)
-    order = _REGISTRY[base](unit_expert, n1, n2, num_ctas, arg)
+    if pool_units is not None:
+        pool_units = _integer("pool_units", pool_units, 1)
+        if pool_units >= len(unit_expert):
+            pool_units = None  # every unit has its own rows: nothing is reused
+    order = _REGISTRY[base](unit_expert, n1, n2, num_ctas, arg, pool_units=pool_units)
     if len(order) != len(unit_expert) * (1 + n1 + n2) or len(set(order)) != len(order):
         raise InputError(f"schedule {name!r}: must list every task of every unit exactly once")
-    order = hoist_dispatch(order, 2 * int(num_ctas) if dispatch_lead is None else int(dispatch_lead))
+    order = hoist_dispatch(order, 2 * int(num_ctas) if dispatch_lead is None else int(dispatch_lead), pool_units)
     n_units = len(unit_expert)
     first_of_expert = {}
     for u, e in enumerate(unit_expert):
@@ -257,7 +291,7 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
         e = unit_expert[u]
         wait = 0 if kind == DISPATCH else (1 if kind == LINEAR1 else 1 + n1)
         table[g] = (kind, u, nb, e, u - first_of_expert[e], wait, g, rows[u] if kind == LINEAR2 else 0)
-    _check_order(table, n1)
+    _check_order(table, n1, n2, pool_units, name)
     cta = np.arange(len(order)) % num_ctas
     perm = np.argsort(cta, kind="stable")
     counts = np.bincount(cta, minlength=num_ctas)
@@ -290,13 +324,22 @@ def _integers(label: str, values, minimum: int) -> list[int]:
     return [_integer(f"{label}[{i}]", v, minimum) for i, v in enumerate(values)]
 
 
-def _check_order(table: np.ndarray, n1: int) -> None:
-    """Every task's dependencies come earlier in the global order (the deadlock-freedom invariant)."""
+def _check_order(table: np.ndarray, n1: int, n2: int = 0, pool_units: int | None = None, name: str = "") -> None:
+    """Every task's dependencies come earlier in the global order (the deadlock-freedom invariant): a
+    LINEAR1 after its unit's dispatch, a LINEAR2 after all its unit's LINEAR1, and with a row pool a
+    dispatch after every LINEAR2 of the unit whose slot it takes."""
     seen: dict[int, int] = {}
     for kind, u, *_rest in table:
-        have = seen.get(int(u), 0)
+        u = int(u)
+        have = seen.get(u, 0)
         need = 0 if kind == DISPATCH else (1 if kind == LINEAR1 else 1 + n1)
         if have < need:
+            if kind == LINEAR1 and pool_units and u >= pool_units:
+                raise PoolTooSmallError(f"schedule {name!r}: needs more than the {pool_units} units the row pool holds "
+                                 f"(unit {u} must wait for unit {u - pool_units}'s rows); use a larger pool_bytes "
+                                 "or a schedule with fewer units in flight")
             raise InputError(f"schedule order: {KIND_NAMES[kind]} of unit {u} comes before its inputs")
-        if kind != LINEAR2:
-            seen[int(u)] = have + 1
+        if kind == DISPATCH and pool_units and u >= pool_units and seen.get(u - pool_units, 0) < 1 + n1 + n2:
+            raise InputError(f"schedule order: the dispatch of unit {u} comes before unit {u - pool_units} "
+                             "frees its pool slot")
+        seen[u] = have + 1

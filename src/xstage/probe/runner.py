@@ -26,7 +26,7 @@ import torch
 
 from xstage import backend
 from xstage.comm import STAGE_PROBE_FLAG
-from xstage.comm.device import use_ptx
+from xstage.comm.device import use_ptx, wait_bounds
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.model.data import CONFIG_COLUMNS
@@ -226,7 +226,7 @@ def receive(ctx, dest, cfg: BurstConfig) -> dict:
     t_peer = torch.tensor(peers, dtype=torch.int32, device=dev)
     ok = torch.zeros(len(slots), dtype=torch.int32, device=dev)
     wait_flags_kernel[(len(slots),)](
-        ctx.signal_pad.local, t_slot, t_peer, ok, ctx.error, cfg.n_bursts, ctx.timeout_ns,
+        ctx.signal_pad.local, t_slot, t_peer, ok, ctx.error, cfg.n_bursts, wait_bounds(ctx.timeout_ns, use_ptx())[1],
         STAGE=STAGE_PROBE_FLAG, WAIT=True, USE_PTX=use_ptx(),
     )
     ctx.check()

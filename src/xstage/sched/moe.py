@@ -48,6 +48,8 @@ class MoeConfig:
     block_k: int = _BLOCK.block_k
     elem_bytes: int = 2
     dynamic: bool = _BLOCK.dynamic  # CTAs take tasks from the global order when free
+    # Units of block_m rows the kernel's row pool holds (`MoEBuffer.pool_units`); None: every unit.
+    pool_units: int | None = None
 
     def __post_init__(self):
         require_positive_ints(self, ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep",
@@ -136,7 +138,8 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
         raise InputError(f"{cfg.shape} at {cfg.tokens_per_rank} tokens: no rows routed to rank 0")
     n1 = cfg.intermediate // cfg.block_n1
     n2 = -(-cfg.hidden // cfg.block_n2)
-    table = make_schedule(schedule, experts, num_ctas, n1, n2, unit_rows=rows)
+    table = make_schedule(schedule, experts, num_ctas, n1, n2, unit_rows=rows, pool_units=cfg.pool_units)
+    reuse = cfg.pool_units if cfg.pool_units and cfg.pool_units < len(experts) else None
     shape_key = f"H{cfg.hidden}-I{cfg.intermediate}-E{cfg.num_experts}-K{cfg.topk}"
     rows_per_expert = cfg.tokens_per_rank * cfg.topk * cfg.ep / cfg.num_experts
     # A task occupies its CTA for the tile plus the fetch before it (next task, its inputs' check).
@@ -153,7 +156,10 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
         out = []
         for kind, u, nb, *_rest, store_rows in rows.tolist():
             if kind == DISPATCH:
+                # The row pool: unit u takes the slot of unit u - pool_units once all its LINEAR2 are done.
                 deps: tuple[str, ...] = ()
+                if reuse and u >= reuse:
+                    deps = tuple(name(LINEAR2, u - reuse, j) for j in range(n2))
             elif kind == LINEAR1:
                 deps = (name(DISPATCH, u, 0),)
             else:

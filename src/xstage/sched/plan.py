@@ -24,7 +24,7 @@ from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
 from xstage.model.params import PathParams
-from xstage.moe.schedule import CANDIDATES, check_schedule, chooser, register_schedule
+from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import SimResult, simulate_kernel
@@ -65,13 +65,20 @@ def plan_moe(
     configs = [cfg.with_blocks(block_m=bm) for bm in block_ms or (cfg.block_m,)]  # MoeConfig checks block_m
     rows = []
     total = len(configs) * len(candidates)
+    done = 0
     for c in configs:
         for name in candidates:
-            work = moe_work(c, name, costs, num_ctas, seed=seed)
+            done += 1
+            try:
+                work = moe_work(c, name, costs, num_ctas, seed=seed)
+            except PoolTooSmallError:
+                continue  # the kernel's row pool cannot run this order: not a candidate
             res = simulate_kernel(work, {"remote": remote_path(path, pacing)}, trace_backlog=True)
             rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res))
             if progress:
-                progress(len(rows), total)
+                progress(done, total)
+    if not rows:
+        raise InputError(f"candidates {list(candidates)}: none fits a row pool of {cfg.pool_units} units")
     rows.sort(key=lambda r: r.time_ns)
     return rows
 
@@ -107,7 +114,8 @@ def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StoreP
     c = buf.cfg
     cfg = MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
                     tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
-                    block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic)
+                    block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic,
+                    pool_units=buf.pool_units)
     return pick_moe_schedule(cfg, moe_path_params(buf.store_path), load_default_costs("moe"), num_ctas,
                              candidates=candidates, pacing=pacing)
 

@@ -1,0 +1,143 @@
+"""Ranks of a fused MoE call under legal but hostile routings, and ranks that die: shared by
+`test_robustness.py`. Each rank writes one JSON line per case: what it raised (or `ok`) and how long
+the call took."""
+
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from xstage.dtypes import parse_dtype
+from xstage.errors import XstageError
+
+# Routings, per rank `rank` of `world`, with E experts and top-K (distinct experts per token).
+ROUTINGS = ("uniform", "top1", "skewed", "one_rank", "one_expert", "empty_rank", "topk_all")
+
+
+def routing(kind: str, rank: int, world: int, T: int, E: int, K: int, seed: int = 0):
+    g = torch.Generator().manual_seed(1000 * seed + rank + 1)
+    el = E // world
+    if kind in ("uniform", "top1", "topk_all"):
+        return torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    if kind == "skewed":  # 80% of tokens pick experts 0 and 1 among their K
+        rows = []
+        for _ in range(T):
+            if float(torch.rand(1, generator=g)) < 0.8:
+                rest = torch.randperm(E - 2, generator=g)[:K - 2] + 2
+                rows.append(torch.cat([torch.tensor([0, 1]), rest]))
+            else:
+                rows.append(torch.randperm(E, generator=g)[:K])
+        return torch.stack(rows)
+    if kind == "one_rank":  # every token to rank 0's experts only
+        return torch.stack([torch.randperm(el, generator=g)[:K] for _ in range(T)])
+    if kind == "one_expert":  # every token to expert 0 (with top-1)
+        return torch.zeros(T, K, dtype=torch.int64)
+    if kind == "empty_rank":  # the last rank's experts get nothing
+        return torch.stack([torch.randperm(E - el, generator=g)[:K] for _ in range(T)])
+    raise ValueError(kind)
+
+
+def _inputs(rank, world, T, H, I, E, K, kind, dtype, device):
+    gen = torch.Generator().manual_seed(1234)
+    el = E // world
+    l1 = (torch.randn(el, 2 * I, H, generator=gen) / H**0.5).to(dtype).to(device)
+    l2 = (torch.randn(el, H, I, generator=gen) / I**0.5).to(dtype).to(device)
+    g = torch.Generator().manual_seed(rank + 7)
+    x = torch.randn(T, H, generator=g).to(dtype).to(device)
+    idx = routing(kind, rank, world, T, E, K).to(device)
+    w = torch.rand(idx.shape, generator=g).to(device)
+    return x, idx, w / w.sum(1, keepdim=True), l1, l2
+
+
+def worker(rank, world, init_file, result_file, case):
+    """`case`: dict(shape=(H, I, E, K), tokens, routings, schedules, dtype, block, die=None|'before'|'during',
+    buffer=dict of MoEBuffer keywords)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from xstage.moe import BlockConfig, MoEBuffer, fused_moe, reference_moe_dist, transform_weights
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    dtype = parse_dtype(case["dtype"])
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    out = []
+    H, I, E, K = case["shape"]
+    T = case["tokens"] + rank - 1  # uneven token counts across ranks
+    try:
+        cfg = BlockConfig(**case["block"]) if case.get("block") else None
+        buf = MoEBuffer(case["tokens"] + world, E, K, H, I, dist.group.WORLD, device=device, dtype=dtype,
+                        config=cfg, **case.get("buffer", {}))
+    except XstageError as exc:
+        out.append({"case": "buffer", "error": f"{type(exc).__name__}: {exc}"})
+        _write(result_file, rank, out)
+        dist.destroy_process_group()
+        return
+    for kind in case["routings"]:  # each gives top-K of the case's shape (top1, one_expert: K=1; topk_all: K=E)
+        x, idx, w, l1, l2 = _inputs(rank, world, T, H, I, E, K, kind, dtype, device)
+        w1t, w2 = transform_weights(l1, l2, buf.cfg.block_n1)
+        ref = reference_moe_dist(x.float(), idx, w.float(), l1.float(), l2.float(), dtype=torch.float32)
+        ys = {}
+        for s in case["schedules"]:
+            rec = {"case": f"{kind}/{s}"}
+            if case.get("die") == "before" and rank == world - 1:
+                os._exit(0)
+            t0 = time.monotonic()
+            try:
+                if case.get("die") == "during" and rank == world - 1:
+                    # Leave inside the call, once the group has met at its barrier: the peers' kernels
+                    # then wait for this rank's rows and completion signal (a short call could finish
+                    # before a timed exit, and the interpreter finishes a call before returning).
+                    buf.x_buf[: x.shape[0]].copy_(x)
+                    buf.idx_buf.fill_(-1)
+                    buf.idx_buf[: x.shape[0]].copy_(idx)
+                    buf.barrier()
+                    os._exit(0)
+                y = fused_moe(x, idx, w, w1t, w2, buf, schedule=s)
+                ys[s] = y
+                scale = float(ref.abs().max()) or 1.0
+                rec["rel_err"] = float((y.float() - ref).abs().max()) / scale
+                rec["nan"] = bool(torch.isnan(y).any())
+            except Exception as exc:  # reported to the test, which asserts what each rank saw
+                rec["error"] = f"{type(exc).__name__}: {exc}"
+            rec["seconds"] = time.monotonic() - t0
+            out.append(rec)
+            _write(result_file, rank, out)
+        if len(ys) == len(case["schedules"]):
+            first = next(iter(ys.values()))
+            out.append({"case": f"{kind}/bitwise", "equal": all(torch.equal(y, first) for y in ys.values())})
+    _write(result_file, rank, out)
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a peer died: nothing left to tear down cleanly
+        pass
+
+
+def _write(result_file, rank, out):
+    with open(f"{result_file}.{rank}", "w") as f:
+        f.write("\n".join(json.dumps(r) for r in out))
+
+
+def run(tmp_path, world, case, timeout_s=600):
+    """Spawn `world` ranks on `case`; every rank's records (a rank that died early has none)."""
+    import multiprocessing as mp
+
+    os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    spawn = mp.get_context("spawn")
+    result = str(tmp_path / "result")
+    procs = [spawn.Process(target=worker, args=(r, world, str(tmp_path / "store"), result, case))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    t0 = time.monotonic()
+    for p in procs:
+        p.join(max(1.0, timeout_s - (time.monotonic() - t0)))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    recs = []
+    for r in range(world):
+        path = f"{result}.{r}"
+        text = open(path).read() if os.path.exists(path) else ""
+        recs.append([json.loads(line) for line in text.splitlines() if line.strip()])
+    return recs, hung

@@ -1,0 +1,108 @@
+"""Any legal routing completes with the reference result, errors that every rank agrees on, no spurious
+timeouts, dead ranks reported by name. The GPU cases are the H5120/I1408/E63/top-6 EP=3 runs with ranks
+sharing one GPU:
+
+    PYTHONPATH=src python3 -m pytest -q -m gpu tests/moe/test_robustness.py
+
+The CPU cases run the same logic at interpreter sizes.
+"""
+
+import pytest
+
+from tests.moe.robustness import run
+
+GPU_SHAPE = (5120, 1408, 63, 6)
+GPU_TOKENS = 3000
+TOL = {"bf16": 2e-2, "fp16": 2e-2}
+
+
+def _case(shape, tokens, routings, dtype, **kw):
+    return dict(shape=shape, tokens=tokens, routings=routings, schedules=kw.pop("schedules", ["expert_wave", "lag:2"]),
+                dtype=dtype, **kw)
+
+
+def _assert_correct(recs, world, dtype):
+    for r in range(world):
+        assert recs[r], f"rank {r} recorded nothing"
+        for rec in recs[r]:
+            assert "error" not in rec, f"rank {r}: {rec}"
+            if "rel_err" in rec:
+                assert rec["rel_err"] <= TOL[dtype] and not rec["nan"], f"rank {r}: {rec}"
+            if "equal" in rec:
+                assert rec["equal"], f"rank {r}: schedules differ bitwise ({rec})"
+
+
+GPU_ROUTINGS = [
+    pytest.param((5120, 1408, 63, 6), ["uniform", "skewed", "one_rank", "empty_rank"], id="E63-top6"),
+    pytest.param((5120, 1408, 63, 1), ["top1", "one_expert"], id="E63-top1"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("shape,routings", GPU_ROUTINGS)
+def test_every_legal_routing_completes_on_one_gpu(tmp_path, shape, routings):
+    recs, hung = run(tmp_path, 3, _case(shape, GPU_TOKENS, routings, "bf16"), timeout_s=900)
+    assert not hung, f"ranks {hung} hung"
+    _assert_correct(recs, 3, "bf16")
+
+
+@pytest.mark.gpu
+def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank(tmp_path):
+    recs, hung = run(tmp_path, 3, _case((5120, 1408, 64, 6), 64, ["uniform"], "bf16"), timeout_s=300)
+    assert not hung
+    for r in range(3):
+        assert recs[r] and recs[r][0]["case"] == "buffer" and "InputError" in recs[r][0]["error"], recs[r]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_dead_rank_is_named_within_60_s_on_one_gpu(tmp_path, when):
+    recs, hung = run(tmp_path, 3, _case(GPU_SHAPE, 512, ["uniform"], "bf16", schedules=["lag:2"], die=when),
+                     timeout_s=300)
+    assert not hung, f"ranks {hung} were left running"
+    for r in (0, 1):
+        rec = recs[r][0]
+        assert "error" in rec and "CommTimeoutError" in rec["error"] and "peer 2" in rec["error"], rec
+        assert rec["seconds"] < 60, rec
+
+
+CPU_BLOCK = dict(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32, num_warps=4, num_stages=2)
+CPU_ROUTINGS = [
+    pytest.param((64, 32, 6, 2), ["uniform", "skewed", "one_rank", "empty_rank"], id="E6-top2"),
+    pytest.param((64, 32, 6, 1), ["top1", "one_expert"], id="E6-top1"),
+    pytest.param((64, 32, 6, 6), ["topk_all"], id="E6-top6-all"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape,routings", CPU_ROUTINGS)
+def test_every_legal_routing_completes_cpu(tmp_path, shape, routings):
+    case = _case(shape, 40, routings, "fp16", block=CPU_BLOCK)
+    recs, hung = run(tmp_path, 3, case, timeout_s=600)
+    assert not hung, f"ranks {hung} hung"
+    _assert_correct(recs, 3, "fp16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_a_dead_rank_is_named_cpu(tmp_path, when):
+    # A short watchdog: the survivors give up on the dead rank after 3 s without progress.
+    case = _case((64, 32, 6, 2), 12, ["uniform"], "fp16", schedules=["lag:2"], die=when, block=CPU_BLOCK,
+                 buffer=dict(timeout_ns=3_000_000_000))
+    recs, hung = run(tmp_path, 3, case, timeout_s=240)
+    assert not hung, f"ranks {hung} were left running"
+    for r in (0, 1):
+        rec = recs[r][0]
+        assert "error" in rec and "peer 2" in rec["error"], rec
+        assert "CommTimeoutError" in rec["error"], rec
+        assert rec["seconds"] < 60, rec
+
+
+def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank_cpu(tmp_path):
+    recs, hung = run(tmp_path, 3, _case((64, 32, 8, 2), 12, ["uniform"], "fp16", block=CPU_BLOCK), timeout_s=120)
+    assert not hung
+    for r in range(3):
+        assert recs[r] and recs[r][0]["case"] == "buffer", recs[r]
+        assert "InputError: num_experts=8: must be a multiple of the group size 3" in recs[r][0]["error"]
