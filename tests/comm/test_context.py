@@ -107,8 +107,8 @@ def test_wait_timeout_sets_error_word_and_check_raises():
         recv = ctx.alloc("recv", (4, 128), torch.float32)
         ok = launch_exchange(ctx, recv, source_data(3, 128, ctx.device), 1, 1, wait=True, timeout_ns=1_000_000)
         assert ok.tolist() == [0]
-        code, count = ctx.error.tolist()
-        assert decode_error(code) == (STAGE_PROBE_TEST, 1) and count == 1
+        code, count, arg, _ = ctx.error.tolist()
+        assert decode_error(code) == (STAGE_PROBE_TEST, 1) and count == 1 and arg == 0
         with pytest.raises(CommTimeoutError, match=r"rank 3: wait for peer 1 timed out at stage comm.test_wait"):
             ctx.check()
         ctx.reset_error()

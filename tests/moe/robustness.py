@@ -92,7 +92,11 @@ def worker(rank, world, init_file, result_file, case):
                     buf.idx_buf[: x.shape[0]].copy_(idx)
                     buf.barrier()
                     os._exit(0)
-                y = fused_moe(x, idx, w, w1t, w2, buf, schedule=s)
+                bad = case.get("bad_input_rank") == rank and s == case["schedules"][0]
+                if bad:  # one rank's first call gets an expert id out of range
+                    idx_bad = idx.clone()
+                    idx_bad[0, 0] = E + 5
+                y = fused_moe(x, idx_bad if bad else idx, w, w1t, w2, buf, schedule=s)
                 ys[s] = y
                 scale = float(ref.abs().max()) or 1.0
                 rec["rel_err"] = float((y.float() - ref).abs().max()) / scale

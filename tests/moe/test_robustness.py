@@ -106,3 +106,19 @@ def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank_cpu(tmp_
     for r in range(3):
         assert recs[r] and recs[r][0]["case"] == "buffer", recs[r]
         assert "InputError: num_experts=8: must be a multiple of the group size 3" in recs[r][0]["error"]
+
+
+@pytest.mark.slow
+def test_a_refused_input_stops_every_rank_with_the_same_error_cpu(tmp_path):
+    case = _case((64, 32, 6, 2), 12, ["uniform"], "fp16", schedules=["lag:2", "expert_wave"], block=CPU_BLOCK,
+                 bad_input_rank=1, buffer=dict(timeout_ns=30_000_000_000))
+    recs, hung = run(tmp_path, 3, case, timeout_s=240)
+    assert not hung
+    first = [recs[r][0] for r in range(3)]
+    assert "InputError: rank 1: topk_idx: value 11 out of range [0, 6)" in first[1]["error"], first[1]
+    for r in (0, 2):
+        assert "InputError: rank 1 refused its topk_idx" in first[r]["error"], first[r]
+        assert first[r]["seconds"] < 20, first[r]  # at once, not after the 30 s watchdog
+    for r in range(3):  # the group goes on with correct inputs
+        second = recs[r][1]
+        assert second["case"] == "uniform/expert_wave" and "error" not in second and second["rel_err"] < 2e-2

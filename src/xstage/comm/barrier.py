@@ -6,6 +6,11 @@ error that does not say which rank. Here every rank adds one to its own counter 
 (`wait_acquire`: it gives up only after `timeout_ns` without progress). A rank that never arrives is
 named by the error word: `CommContext.check` raises `CommTimeoutError` naming that peer and the stage
 `comm.barrier`.
+
+A rank whose inputs are refused tells the group through the same words (`refuse_kernel`): it writes
+`STAGE_REFUSED << 16 | rank` into every rank's error word (the argument's id in word 2), then arrives
+at the barrier, so that every rank leaves it at once and raises the same `InputError` naming that
+rank and argument; the barrier epochs stay in step, and the group can go on with corrected inputs.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from xstage.comm.device import peer_ptr, wait_acquire
 from xstage.comm.stages import register_stage
 
 STAGE_BARRIER = register_stage(4, "comm.barrier")
+STAGE_REFUSED = register_stage(5, "comm.peer_refused_its_inputs")
 
 
 @triton.jit
@@ -27,3 +33,13 @@ def barrier_kernel(p_table, p_local, p_err, rank, world, epoch, timeout_ns, STAG
         tl.atomic_add(peer_ptr(p_table, q, p_local, 4) + rank, 1, sem="release", scope="sys")
     for q in range(world):
         wait_acquire(p_local + q, epoch, timeout_ns, p_err, STAGE * 65536 + q, True, USE_PTX)
+
+
+@triton.jit
+def refuse_kernel(p_err_table, p_err, rank, world, arg_id, STAGE: tl.constexpr):
+    """Write `STAGE << 16 | rank` into word 0 of every rank's error word (first error wins) and the
+    argument's id into word 2, before this rank arrives at the barrier (whose release orders them)."""
+    for q in range(world):
+        p_q = peer_ptr(p_err_table, q, p_err, 4)
+        tl.atomic_xchg(p_q + 2, arg_id, sem="relaxed", scope="sys")
+        tl.atomic_cas(p_q, 0, STAGE * 65536 + rank, sem="relaxed", scope="sys")

@@ -36,13 +36,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from xstage.comm.barrier import STAGE_BARRIER, barrier_kernel
+from xstage.comm.barrier import STAGE_BARRIER, STAGE_REFUSED, barrier_kernel, refuse_kernel
 from xstage.comm.device import use_ptx, wait_bounds
 from xstage.comm.stages import decode_error, stage_name
 from xstage.errors import CommTimeoutError, InputError
 
 PATHS = ("hbm", "host", "peer")
 DEFAULT_SIGNAL_SLOTS = 4096
+# Arguments a rank can refuse on behalf of the group (`CommContext.refuse`): their position is the id
+# every rank decodes, so the list only grows at its end.
+REFUSABLE_ARGS = ["x", "topk_idx", "topk_weights", "w1t", "w2", "tokens"]
 # The progress watchdog of every device wait: give up after this long without the awaited counter
 # moving. Ranks sharing one GPU run in turns, so a peer can look idle for seconds; 20 s leaves room for
 # that and still names a dead rank well within a minute.
@@ -82,9 +85,10 @@ class CommContext:
     """Owns the buffers of one group on one path; build with `create_context`, free with `close()`.
 
     Attributes: `path`, `rank`, `world`, `device`, `group` (None on loopback), `group_name`,
-    `loopback` (True for `host`/`hbm`), `error` (int32[2] on the device: word 0 the first timeout's
-    code, word 1 the number of timed-out waits), `signal_pad` (a zeroed int32 `SymmBuffer` of
-    `signal_slots` flags per rank), `timeout_ns` (the default bound kernels should pass to waits).
+    `loopback` (True for `host`/`hbm`), `error` (int32[4] on the device, symmetric on `peer`: word 0
+    the first error's code, word 1 the number of waits that gave up, word 2 a refused argument's id),
+    `signal_pad` (a zeroed int32 `SymmBuffer` of `signal_slots` flags per rank), `timeout_ns` (the
+    progress watchdog kernels should pass to waits).
     """
 
     def __init__(self, *, path, rank, world, device, group, signal_slots, timeout_ns):
@@ -100,9 +104,12 @@ class CommContext:
         self._shm_files: list[str] = []
         self._shm_tag = None
         self.closed = False
-        self.error = torch.zeros(2, dtype=torch.int32, device=device)
         if path == "peer":
             self._init_peer_backend()
+        # Word 0: the first error's code; 1: how many waits gave up; 2: a refused argument's id (`refuse`).
+        # Symmetric on `peer`, so that a rank can stop the whole group with one line (`refuse`).
+        self._errors = self.alloc("error", (4,), torch.int32)
+        self.error = self._errors.local
         self.signal_pad = self.alloc("signal_pad", (signal_slots,), torch.int32)
         self._barrier_words = self.alloc("barrier", (world,), torch.int32) if path == "peer" else None
         self._barrier_epoch = 0
@@ -181,17 +188,36 @@ class CommContext:
         return self._buffers[name]
 
     def check(self) -> None:
-        """Raise `CommTimeoutError` naming rank, peer and stage if a device wait timed out.
-
-        Synchronises with the device (it reads the error word)."""
-        code, count = (int(v) for v in self.error.cpu().tolist())
+        """Raise `CommTimeoutError` naming rank, peer and stage if a device wait timed out, or the
+        `InputError` of a peer that refused its inputs (`refuse`). Synchronises with the device (it
+        reads the error word)."""
+        code, count, arg, _ = (int(v) for v in self.error.cpu().tolist())
         if code == 0:
             return
         stage, peer = decode_error(code)
+        if stage == STAGE_REFUSED:
+            self.error.zero_()  # the call is abandoned on every rank; the group may go on
+            name = REFUSABLE_ARGS[arg] if 0 <= arg < len(REFUSABLE_ARGS) else f"argument {arg}"
+            raise InputError(f"rank {peer} refused its {name} (its own error says why); every rank of the group "
+                             "stops this call")
         raise CommTimeoutError(
             f"rank {self.rank}: wait for peer {peer} timed out at stage {stage_name(stage)} "
             f"(stage id {stage}, path {self.path}, {count} wait(s) timed out)"
         )
+
+    def refuse(self, arg: str) -> None:
+        """This rank's `arg` failed its checks: stop the group's current call on every rank, which then
+        raises an `InputError` naming this rank and `arg` (`check`). Call it where the rank would
+        otherwise arrive at the call's barrier; the caller raises its own, more detailed error."""
+        if self.path != "peer":
+            return
+        arg_id = REFUSABLE_ARGS.index(arg) if arg in REFUSABLE_ARGS else len(REFUSABLE_ARGS)
+        refuse_kernel[(1,)](self._errors.ptrs, self.error, self.rank, self.world, arg_id, STAGE=STAGE_REFUSED,
+                            num_warps=1)
+        try:
+            self.barrier()
+        except InputError:
+            pass  # this rank's own refusal, read back by the barrier's check
 
     def reset_error(self) -> None:
         self.error.zero_()

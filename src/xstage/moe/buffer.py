@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from xstage.comm import DEFAULT_TIMEOUT_NS, create_context
+from xstage.comm.barrier import STAGE_REFUSED
 from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.dtypes import parse_dtype
@@ -317,11 +318,14 @@ class MoEBuffer:
             self.ctx.barrier()
 
     def check(self) -> None:
-        """Raise `CommTimeoutError` if a device wait of this rank timed out (synchronises)."""
-        code, count = self.err.tolist()
+        """Raise `CommTimeoutError` if a device wait of this rank timed out, or the `InputError` of a
+        peer that refused its inputs (`CommContext.refuse`); synchronises."""
+        code, count = self.err[:2].tolist()
         if code:
-            self.err.zero_()
             stage, peer = decode_error(code)
+            if stage == STAGE_REFUSED:
+                self.ctx.check()
+            self.err.zero_()
             raise CommTimeoutError(
                 f"rank {self.rank}: timed out waiting for peer {peer} at stage {stage_name(stage)} "
                 f"({count} timed-out waits)")

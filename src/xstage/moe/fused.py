@@ -335,7 +335,15 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     `pacing` paces the combine's remote stores for this call: `"buffer"` (the buffer's default),
     `"auto"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a `StorePacing` or None (`xstage.moe.pacing`).
     """
-    validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
+    try:
+        validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
+    except InputError as exc:
+        if not buf.loopback:
+            # The peers are about to wait for this rank at the call's barrier: stop them with the same
+            # error, naming this rank and the argument (no host collective).
+            buf.ctx.refuse(str(exc).split(":", 1)[0])
+            raise InputError(f"rank {buf.rank}: {exc}") from None
+        raise
     if not buf.loopback:
         _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, call_pacing(pacing, buf), timeout_ns)
         buf.x_buf[: x.shape[0]].copy_(x)
