@@ -140,6 +140,28 @@ def _pos(name: str, v) -> int:
     return v
 
 
+def max_units(num_ranks: int, tokens_per_rank: int, topk: int, num_local_experts: int, block_m: int) -> int:
+    """Units any legal routing can make on one rank: every (token, slot) pair of the group on its
+    experts, each expert padding its last unit."""
+    return -(-(num_ranks * tokens_per_rank * topk) // block_m) + num_local_experts
+
+
+def pool_units(pool_bytes: int | None, unit_bytes: int, units_cap: int) -> int:
+    """Units of `unit_bytes` (`block_m` rows of hidden + intermediate) a pool of `pool_bytes` holds
+    (default `DEFAULT_POOL_BYTES`), never more than `units_cap`; refuses a pool below the minimum."""
+    if pool_bytes is None:
+        pool_bytes = DEFAULT_POOL_BYTES
+    if not isinstance(pool_bytes, int) or isinstance(pool_bytes, bool) or pool_bytes < 1:
+        raise InputError(f"pool_bytes={pool_bytes!r}: must be a positive number of bytes")
+    minimum = min(MIN_POOL_UNITS, units_cap)
+    units = min(pool_bytes // unit_bytes, units_cap)
+    if units < minimum:
+        raise InputError(f"pool_bytes={pool_bytes}: holds {pool_bytes // unit_bytes} units of {unit_bytes} bytes "
+                         f"(block_m rows of hidden + intermediate); the minimum is {minimum} units "
+                         f"= {minimum * unit_bytes} bytes")
+    return int(units)
+
+
 class MoEBuffer:
     """Buffers and signals of one rank of an expert-parallel MoE layer (see module docstring)."""
 
@@ -184,7 +206,7 @@ class MoEBuffer:
         self.E_local = self.E // self.R
         # Units any legal routing can make: every (token, slot) pair of the group on this rank's experts,
         # each expert padding its last unit. Only int32 metadata is sized for them; rows live in the pool.
-        self.units_cap = -(-(self.R * self.T_max * self.K) // c.block_m) + self.E_local
+        self.units_cap = max_units(self.R, self.T_max, self.K, self.E_local, c.block_m)
         self.rows_cap = self.units_cap * c.block_m
         self.pool_units = self._pool_units(pool_bytes, capacity_factor, elem)
         self._check_size(max_bytes)
@@ -204,17 +226,7 @@ class MoEBuffer:
                     raise InputError(f"capacity_factor={capacity_factor!r}: must be a number > 0")
                 rows = int(capacity_factor * self.T_max * self.K) + self.E_local * (self.cfg.block_m - 1)
                 pool_bytes = -(-rows // self.cfg.block_m) * unit_bytes
-        if pool_bytes is None:
-            pool_bytes = DEFAULT_POOL_BYTES
-        if not isinstance(pool_bytes, int) or isinstance(pool_bytes, bool) or pool_bytes < 1:
-            raise InputError(f"pool_bytes={pool_bytes!r}: must be a positive number of bytes")
-        minimum = min(MIN_POOL_UNITS, self.units_cap)
-        units = min(pool_bytes // unit_bytes, self.units_cap)
-        if units < minimum:
-            raise InputError(f"pool_bytes={pool_bytes}: holds {pool_bytes // unit_bytes} units of {unit_bytes} bytes "
-                             f"({self.cfg.block_m} rows of hidden + intermediate); the minimum is {minimum} units "
-                             f"= {minimum * unit_bytes} bytes")
-        return int(units)
+        return pool_units(pool_bytes, unit_bytes, self.units_cap)
 
     @property
     def pool_rows(self) -> int:

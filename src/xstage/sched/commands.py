@@ -294,7 +294,7 @@ def run_validate(args) -> int:
     with Progress(len(fused_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
         out_rows, summary = validate_moe(res.rows, params, costs, candidates=candidates,
                                          default_pacing=args.default_pacing, progress=bar.callback, workers=workers,
-                                         source=str(res.path), lines=res.lines)
+                                         source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
     plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
@@ -390,6 +390,9 @@ def register(sub) -> None:
     v.add_argument("--workers", type=int, default=1, help="processes for the MoE simulations, >= 1 (default: 1)")
     v.add_argument("--candidates", metavar="S1,S2", help="schedules a configuration needs measured to count for "
                    f"the pick accuracy (default: the planner's, {','.join(CANDIDATES)})")
+    v.add_argument("--pool-bytes", type=int, default=None, help="MoE results: the row pool of the kernel that "
+                   "measured them, in bytes (268435456 is the default pool); default: none, for results of the "
+                   "kernel before the row pool")
     v.add_argument("--default-pacing", default="auto", help="pacing of variants without an @ suffix: auto "
                    "(today's default of the row's path), off (results measured before the kernel paced) or "
                    "RATE:BUDGET in GB/s:KiB (default: auto)")

@@ -17,6 +17,7 @@ times, known variants); `xstage plan validate` reads them with `load_results`, w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
@@ -25,6 +26,7 @@ import numpy as np
 
 from xstage.errors import InputError
 from xstage.model.params import PathParams
+from xstage.moe.buffer import max_units, pool_units
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import CANDIDATES, chooser
 from xstage.moe.variant import Variant
@@ -117,11 +119,12 @@ def fused_rows(rows: Sequence[dict], min_ep: int = 2) -> list[dict]:
 
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, tolerance: float = 0.03,
                  candidates: Sequence[str] = CANDIDATES, default_pacing: str = "auto", progress=None,
-                 workers: int = 1, source: str = "results", lines: Sequence[int] | None = None
-                 ) -> tuple[list[dict], dict]:
+                 workers: int = 1, source: str = "results", lines: Sequence[int] | None = None,
+                 pool_bytes: int | None = None) -> tuple[list[dict], dict]:
     """Per-row predictions and the summary (median/p90 error, pick accuracy). `progress(done, total)`
     is called after each simulated row; `source` and `lines` (the rows' file and line numbers) name
-    where a refused row is."""
+    where a refused row is. `pool_bytes`: the row pool of the kernel that measured the rows (its slot
+    waits are modelled); None for results of the kernel before the pool, whose rows all had a slot."""
     Variant("expert_wave", default_pacing)  # a malformed spec fails here, before any simulation
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise InputError(f"workers={workers!r}: must be a positive integer (processes)")
@@ -137,6 +140,10 @@ def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep
     for r in todo:  # every configuration is checked before the first simulation
         try:
             cfg = _config(r)
+            if pool_bytes is not None:
+                units_cap = max_units(cfg.ep, cfg.tokens_per_rank, cfg.topk, cfg.local_experts, cfg.block_m)
+                unit_bytes = cfg.block_m * (cfg.hidden + cfg.intermediate) * cfg.elem_bytes
+                cfg = dataclasses.replace(cfg, pool_units=pool_units(pool_bytes, unit_bytes, units_cap))
             resolve_pacing(split_variant(str(r["variant"]).strip(), default_pacing)[1], str(r["path"]).strip(),
                            cfg.ep)
         except InputError as exc:
