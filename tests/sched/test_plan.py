@@ -73,8 +73,20 @@ def test_costs_round_trip_and_malformed(tmp_path):
 
 
 def test_timeline_plot(tmp_path):
+    from xstage.sched.timeline import COLORS, timeline_figure
+
     res = simulate_kernel(moe_work(SMALL, "lag:1", COSTS, 4), {"remote": SLOW_PATH}, trace_backlog=True)
-    assert plot_timeline(res, tmp_path / "t.png").stat().st_size > 5000
+    fig = timeline_figure(res)
+    ax, axq = fig.axes
+    # Every drawn bar is a segment of the simulation: as many bars as segments with a duration.
+    assert len(ax.patches) == sum(1 for s in res.segments if s.duration_ns > 0)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(COLORS)
+    assert ax.get_title() == f"predicted kernel time {res.time_ns / 1e3:.1f} us"
+    (line,) = axq.get_lines()
+    assert line.get_label() == "remote" and max(line.get_ydata()) == max(q for _, q in res.backlog["remote"]) / 2**20
+    assert (axq.get_xlabel(), axq.get_ylabel()) == ("time (us)", "backlog (MiB)")
+    out = plot_timeline(res, tmp_path / "t.png")
+    assert out == tmp_path / "t.png" and out.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_model_guided_pick_is_the_planner_best():

@@ -383,7 +383,8 @@ def register(sub) -> None:
                    help=f"SMs issuing bursts at once, an integer in 1..{MAX_SMS}; needs --burst (default 1)")
     p.add_argument("--plot", metavar="DIR",
                    help="folder (created if missing) to write two PNG plots into, issue time vs burst size and "
-                        "vs gap, named PATH-issue-vs-burst.png and PATH-issue-vs-gap.png; same-named plots are "
+                        "vs gap, named <path>-issue-vs-burst.png and <path>-issue-vs-gap.png after the profile's store "
+                        "path (host, peer, hbm); same-named plots are "
                         "replaced (default: no plots)")
     p.add_argument("--data", metavar="CSV",
                    help="measurements (long, summary or reference CSV) to draw with --plot (default: the packaged "

@@ -12,7 +12,12 @@ COLORS = {"compute": "#4c72b0", "issue": "#55a868", "stall": "#c44e52", "wait": 
 
 
 def plot_timeline(result: SimResult, out_png: str | os.PathLike, *, title: str = "", max_ctas: int = 48) -> Path:
-    """Draw up to `max_ctas` CTA rows (evenly chosen) and each path's backlog below them."""
+    """`timeline_figure(...)` saved as a PNG."""
+    return save_figure(timeline_figure(result, title=title, max_ctas=max_ctas), out_png)
+
+
+def timeline_figure(result: SimResult, *, title: str = "", max_ctas: int = 48):
+    """Up to `max_ctas` CTA rows (evenly chosen) of segments, and each path's backlog below them."""
     plt = pyplot()
 
     ctas = sorted({s.cta for s in result.segments})
@@ -41,4 +46,4 @@ def plot_timeline(result: SimResult, out_png: str | os.PathLike, *, title: str =
     axq.set_ylabel("backlog (MiB)")
     if result.backlog:
         axq.legend(fontsize=8)
-    return save_figure(fig, out_png)
+    return fig
