@@ -122,3 +122,38 @@ def test_a_refused_input_stops_every_rank_with_the_same_error_cpu(tmp_path):
     for r in range(3):  # the group goes on with correct inputs
         second = recs[r][1]
         assert second["case"] == "uniform/expert_wave" and "error" not in second and second["rel_err"] < 2e-2
+
+
+TORCHRUN_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+from xstage.moe import BlockConfig, MoEBuffer, fused_moe, transform_weights
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32, num_warps=4, num_stages=2)
+buf = MoEBuffer(8, 6, 2, 64, 32, dist.group.WORLD, device="cpu", dtype="fp16", config=cfg, timeout_ns=3_000_000_000)
+g = torch.Generator().manual_seed(rank)
+x = torch.randn(8, 64, generator=g).half()
+idx = torch.stack([torch.randperm(6, generator=g)[:2] for _ in range(8)])
+w1t, w2 = transform_weights((torch.randn(2, 64, 64) / 8).half(), (torch.randn(2, 64, 32) / 8).half(), 16)
+if rank == 2:
+    sys.exit(0)  # a clean exit: torchrun itself sees no failure of this rank
+fused_moe(x, idx, torch.rand(8, 2), w1t, w2, buf, schedule="lag:1")
+"""
+
+
+@pytest.mark.slow
+def test_under_torchrun_the_log_names_the_dead_rank_cpu(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--standalone",
+                          str(script)], capture_output=True, text=True, timeout=300, env=env)
+    log = out.stdout + out.stderr
+    assert out.returncode != 0, log[-3000:]
+    assert "CommTimeoutError" in log and "for peer 2 timed out" in log, log[-3000:]
