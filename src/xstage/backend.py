@@ -15,16 +15,12 @@ import sys
 
 import torch
 
+from xstage.env import interpreter_active
 from xstage.errors import InputError
 
 _NOTICE = ("xstage: no CUDA GPU here; Triton kernels run in Triton's CPU interpreter (slow, for tests and "
            "small shapes)")
 _noticed: list[bool] = []
-
-
-def interpreter_on() -> bool:
-    """Whether Triton kernels run in the CPU interpreter (`TRITON_INTERPRET` set and not `0`)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def select() -> None:
@@ -35,11 +31,12 @@ def select() -> None:
 
 def require() -> None:
     """Before a kernel call: a GPU, or the interpreter (with a one-time notice); else one clear line."""
-    if torch.cuda.is_available() and not interpreter_on():
+    if torch.cuda.is_available() and not interpreter_active():
         return
-    if not interpreter_on():
+    if not interpreter_active():
         raise InputError("no CUDA GPU, and Triton's CPU interpreter is off (TRITON_INTERPRET=0): unset "
-                         "TRITON_INTERPRET (or set it to 1) before importing xstage to run kernels on the CPU")
+                         "TRITON_INTERPRET (or set TRITON_INTERPRET=1) before importing xstage to run kernels on "
+                         "the CPU")
     if not _noticed and not torch.cuda.is_available():
         _noticed.append(True)
         print(_NOTICE, file=sys.stderr)

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from xstage import backend as xstage_backend
 from xstage.bench.commands import add_grid_options
 from xstage.dtypes import DTYPES, parse_dtype
 from xstage.errors import InputError
@@ -96,9 +97,7 @@ class Runtime:
                 os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
             backend = backend or ("nccl" if own else "gloo")
         else:
-            if os.environ.get("TRITON_INTERPRET") != "1":
-                # read when the kernels are defined (import time), so it cannot be switched on here
-                raise InputError(f"{name}: no CUDA GPU; set TRITON_INTERPRET=1 to run the kernels on the CPU")
+            xstage_backend.require()  # the interpreter, chosen at import where no GPU exists
             device = torch.device("cpu")
             backend = backend or "gloo"
         if backend == "nccl" and not gpus:

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from xstage.comm.barrier import STAGE_BARRIER, STAGE_REFUSED, barrier_kernel, refuse_kernel
 from xstage.comm.device import use_ptx, wait_bounds
@@ -115,10 +116,9 @@ class CommContext:
         self._barrier_epoch = 0
 
     def _init_peer_backend(self) -> None:
-        import torch.distributed as dist
 
         if self.device.type == "cuda":
-            import torch.distributed._symmetric_memory as symm_mem
+            import torch.distributed._symmetric_memory as symm_mem  # CUDA builds only
 
             enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
             if enable is not None and self.group_name is not None:
@@ -133,7 +133,7 @@ class CommContext:
 
     def _alloc_peer(self, name, shape, dtype) -> tuple[torch.Tensor, list[torch.Tensor], object]:
         if self.device.type == "cuda":
-            import torch.distributed._symmetric_memory as symm_mem
+            import torch.distributed._symmetric_memory as symm_mem  # CUDA builds only
 
             local = symm_mem.empty(*shape, dtype=dtype, device=self.device)
             local.zero_()
@@ -142,7 +142,6 @@ class CommContext:
             peers = [local if q == self.rank else hdl.get_buffer(q, tuple(shape), dtype)
                      for q in range(self.world)]
             return local, peers, hdl
-        import torch.distributed as dist
 
         numel = math.prod(shape)
         nbytes = max(1, numel * torch.empty((), dtype=dtype).element_size())
@@ -299,7 +298,6 @@ def create_context(
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if path == "peer":
-        import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
             raise InputError("path 'peer': torch.distributed must be initialised (one process per rank)")
@@ -325,12 +323,10 @@ def create_context(
 
 
 def _group_size(group) -> int:
-    import torch.distributed as dist
 
     return dist.get_world_size(group)
 
 
 def _group_rank(group) -> int:
-    import torch.distributed as dist
 
     return dist.get_rank(group)

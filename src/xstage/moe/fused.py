@@ -9,7 +9,7 @@ dispatch, Linear-1 + SwiGLU, Linear-2 with the combine pushed from its epilogue,
 to every peer; (4) `moe_reduce_kernel`: wait for every peer, top-k weighted sum. At equal block sizes
 every schedule computes each tile with the same code and K order, so outputs are bitwise identical.
 
-Example (on a machine without a GPU, run with TRITON_INTERPRET=1 set before import):
+Example (on a machine without a GPU, run with TRITONinterpreter_active()=1 set before import):
     >>> import torch
     >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
     >>> cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
@@ -25,14 +25,13 @@ Example (on a machine without a GPU, run with TRITON_INTERPRET=1 set before impo
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
 from xstage import backend
 from xstage.comm.device import wait_bounds
 from xstage.comm.pacing import StorePacing, pacing_args
+from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe import kernels
 from xstage.moe.buffer import (
@@ -48,7 +47,6 @@ from xstage.moe.layout import routing_layout, unit_experts
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import TASK_COLS, Schedule, check_schedule, chooser, make_schedule
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _REDUCE_BT = 8
 
 
@@ -98,7 +96,7 @@ def num_ctas(buf: MoEBuffer) -> int:
     One CTA per SM unless `BlockConfig.ctas_per_sm` asks for more; then the first launch checks the
     compiled kernel's registers and shared memory against the SM and raises `InputError` if they do
     not fit (the bounded waits turn the unlucky first launch into a timeout, not a hang)."""
-    if buf.device.type != "cuda" or _INTERPRET:
+    if buf.device.type != "cuda" or interpreter_active():
         return 1
     sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
     return sms * max(1, buf.cfg.ctas_per_sm or 1)
@@ -194,7 +192,7 @@ def _bounds(buf: MoEBuffer, timeout_ns: int | None):
     timeout_ns = buf.timeout_ns if timeout_ns is None else int(timeout_ns)
     if timeout_ns < 1:
         raise InputError(f"timeout_ns={timeout_ns}: must be >= 1 ns")
-    on_gpu = buf.device.type == "cuda" and not _INTERPRET
+    on_gpu = buf.device.type == "cuda" and not interpreter_active()
     if not on_gpu and buf.loopback:
         # The interpreter runs a loopback call's programs one after another in this process: a wait
         # that is not met at once never will be, so a short poll bound reports it quickly.
@@ -236,7 +234,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
                          f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
     c = buf.cfg
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
-    opts = {} if _INTERPRET else dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    opts = {} if interpreter_active() else dict(num_warps=c.num_warps, num_stages=c.num_stages)
     args = (
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
         x if buf.loopback else buf.x_buf, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
@@ -283,7 +281,7 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
             buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
             buf.R, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins)
     consts = dict(STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=triton.next_power_of_2(buf.K),
-                  WAIT=wait, USE_PTX=use_ptx, **({} if _INTERPRET else {"num_warps": 4}))
+                  WAIT=wait, USE_PTX=use_ptx, **({} if interpreter_active() else {"num_warps": 4}))
     grid = (max(1, triton.cdiv(T, _REDUCE_BT)),)
     if compile_only:
         kernels.moe_reduce_kernel.warmup(*args, grid=grid, **consts)
@@ -298,7 +296,7 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
     only launch-time choice that changes the compiled kernel); a GPU-only step (the interpreter
     compiles nothing)."""
     key = ("compiled", pacing is not None)
-    if key in buf._plans or buf.device.type != "cuda" or _INTERPRET:
+    if key in buf._plans or buf.device.type != "cuda" or interpreter_active():
         return
     # The layout's shapes and types are what compilation needs: this rank's own routing stands in for
     # the group's (which is not known before the barrier).

@@ -6,7 +6,7 @@ name), has a fake implementation for tracing, and runs the host-synchronisation-
 `fused_moe` (static schedule over the buffer's unit slots; counters and signals reset themselves),
 so a captured graph can be replayed.
 
-Example (on a machine without a GPU, run with TRITON_INTERPRET=1 set before import):
+Example (runs on a machine without a GPU too, in Triton's interpreter):
     >>> import torch
     >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, transform_weights
     >>> from xstage.moe.op import register_buffer

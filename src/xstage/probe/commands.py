@@ -11,7 +11,11 @@ Measuring needs a CUDA GPU; planning and analysis run anywhere.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+
+import torch
+import torch.distributed as dist
 
 from xstage.env import has_gpu
 from xstage.errors import InputError
@@ -28,18 +32,11 @@ def _sm_count(args) -> int:
         return args.sm_count
 
     if has_gpu():
-        import torch
-
         return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return load_default_profile().sm_count  # no GPU here: plan for the GPU the embedded profile came from
 
 
 def _init_peer_group():
-    import os
-
-    import torch
-    import torch.distributed as dist
-
     if "RANK" not in os.environ:
         raise InputError("--path peer: start one process per rank with torchrun (RANK is not set)")
     local = int(os.environ.get("LOCAL_RANK", "0"))

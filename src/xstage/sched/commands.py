@@ -85,33 +85,29 @@ def block_m_list(text: str | None) -> list[int] | None:
     return out
 
 
-def schedule_list(text: str | None) -> list[str]:
-    """`--candidates` of `plan moe` and `plan validate`: schedules the planner can rank."""
+def _checked_list(text: str | None, default, check, example: str) -> list[str]:
+    """A comma list for `--candidates`: `default` when absent; every item passes `check`."""
     if text is None:
-        return list(CANDIDATES)
+        return list(default)
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     if not items:
-        raise InputError(f"--candidates {text!r}: give at least one schedule, e.g. expert_wave,lag:4")
+        raise InputError(f"--candidates {text!r}: give at least one, e.g. {example}")
     for name in items:
         try:
-            check_plannable(name)
+            check(name)
         except InputError as exc:
             raise InputError(f"--candidates {text}: {exc}") from None
     return items
+
+
+def schedule_list(text: str | None) -> list[str]:
+    """`--candidates` of `plan moe` and `plan validate`: schedules the planner can rank."""
+    return _checked_list(text, CANDIDATES, check_plannable, "expert_wave,lag:4")
 
 
 def exchange_list(text: str | None) -> list[str]:
-    if text is None:
-        return list(DEFAULT_EXCHANGES)
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
-        raise InputError(f"--candidates {text!r}: give at least one exchange, e.g. burst,paced:16")
-    for name in items:
-        try:
-            parse_exchange(name)
-        except InputError as exc:
-            raise InputError(f"--candidates {text}: {exc}") from None
-    return items
+    """`--candidates` of `plan ulysses`: exchanges of the fused attention kernel."""
+    return _checked_list(text, DEFAULT_EXCHANGES, parse_exchange, "burst,paced:16")
 
 
 def plot_path(value: str | None) -> Path | None:
