@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from xstage.attention import UlyssesAttention, ulysses_attention, ulysses_reference
+from xstage.attention.exchange import parse_exchange
 from xstage.attention.flash import FlashConfig, default_config
 from xstage.attention.layout import UlyssesPlan, pack_qkv, split_sizes, unpack_out, unpack_qkv
 from xstage.attention.ulysses import fused_state, loopback_index, run_fused
@@ -66,16 +67,18 @@ def _loopback_case(world, rank, H, seq, dtype, device, path):
     return plan, (q, k, v), refs, ctx
 
 
-@pytest.mark.parametrize("mode", ["fused", "serial"])
-@pytest.mark.parametrize(
-    "world,rank,H,seq,dtype",
-    [
-        pytest.param(2, 0, 4, [64, 64], torch.float16, id="P2-r0-H4-S128-fp16"),
-        pytest.param(4, 2, 30, [37, 37, 36, 36], torch.float16, id="P4-r2-H30-S146-fp16"),
-        pytest.param(3, 1, 5, [21, 20, 20], torch.float32, id="P3-r1-H5-S61-fp32"),
-    ],
-)
-def test_loopback_layout_and_values(world, rank, H, seq, dtype, mode, device):
+EXCHANGES = ["stores", "stores:burst", "serial", "serial:cudnn", "overlap", "overlap:cudnn:3"]
+CASES = [
+    pytest.param(2, 0, 4, [64, 64], torch.float16, id="P2-r0-H4-S128-fp16"),
+    pytest.param(4, 2, 30, [37, 37, 36, 36], torch.float16, id="P4-r2-H30-S146-fp16"),
+    pytest.param(3, 1, 5, [21, 20, 20], torch.float32, id="P3-r1-H5-S61-fp32"),
+]
+
+
+@pytest.mark.parametrize("exchange,case", [(e, c) for e in EXCHANGES for c in CASES[1:2]]
+                         + [(e, c) for e in ("stores", "overlap") for c in (CASES[0], CASES[2])])
+def test_loopback_layout_and_values(exchange, case, device):
+    world, rank, H, seq, dtype = case.values
     plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, dtype, device, "hbm")
     # the state (and output buffers) of the block size ulysses_attention will use: fp32 takes
     # smaller blocks than fp16 on a GPU
@@ -83,12 +86,14 @@ def test_loopback_layout_and_values(world, rank, H, seq, dtype, mode, device):
     out_buf = fused_state(ctx, plan, dtype, cfg_bm).out
     for t in out_buf.peers:
         t.fill_(float("nan"))
-    out = ulysses_attention(q, k, v, comm=ctx, mode=mode, seq_lens=seq)
+    out = ulysses_attention(q, k, v, comm=ctx, exchange=exchange, seq_lens=seq)
     assert out.shape == q.shape and not out.isnan().any()
     torch.testing.assert_close(out.double(), refs[rank], atol=TOL[dtype], rtol=TOL[dtype])
     # every destination received exactly its tokens of this rank's heads
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     for p in range(world):
+        if p == rank and not parse_exchange(exchange).in_kernel:
+            continue  # the copy-engine exchanges write the own rows straight into the returned output
         got = out_buf.peers[p][:, :seq[p], h0:h1]
         assert not got.isnan().any(), f"destination {p} has unwritten rows"
         torch.testing.assert_close(got.double(), refs[p][:, :, h0:h1], atol=TOL[dtype], rtol=TOL[dtype])
@@ -116,7 +121,7 @@ def test_fused_counters_reset_and_timeout(device):
     plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
     # two calls in a row: the counters must be handed back in between
     for _ in range(2):
-        out = ulysses_attention(q, k, v, comm=ctx, seq_lens=seq)
+        out = ulysses_attention(q, k, v, comm=ctx, seq_lens=seq, exchange="stores")
         torch.testing.assert_close(out.double(), refs[rank], atol=2e-3, rtol=2e-3)
     state = fused_state(ctx, plan, torch.float16, 32 if device == "cpu" else 128)
     assert state.sig.abs().sum().item() == 0
@@ -150,7 +155,7 @@ def test_fused_exchange_over_several_tiles_per_program(paced, chunk_rows, device
     else:
         cfg = FlashConfig(chunk_rows=chunk_rows)
     state = fused_state(ctx, plan, torch.float16, cfg.block_m)
-    state.exchange = dataclasses.replace(state.exchange, paced=paced)
+    state.route = dataclasses.replace(state.route, paced=paced)
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     for t in state.out.peers:
         t.fill_(float("nan"))
@@ -179,12 +184,17 @@ def test_chunk_rows_must_be_a_power_of_two():
 def test_module_and_bad_inputs(device):
     ctx = create_context(path="hbm", loopback_world=2, rank=1, device=device)
     x = _rand((1, 16, 2, 16), torch.float16, device, 0)
-    attn = UlyssesAttention(comm=ctx, mode="serial")
+    attn = UlyssesAttention(comm=ctx, exchange="serial")
     assert attn(x, x, x).shape == x.shape
     with pytest.raises(InputError, match="causal"):
         attn(x, x, x, causal=True)
-    with pytest.raises(InputError, match="mode"):
+    with pytest.raises(InputError, match="mode 'overlap': deprecated"):
         ulysses_attention(x, x, x, comm=ctx, mode="overlap")
+    with pytest.raises(InputError, match="exchange, mode"):
+        ulysses_attention(x, x, x, comm=ctx, mode="serial", exchange="serial")
+    for bad in ("fused", "stores:paced:3", "overlap:cudnn:1", "serial:flash", "tma:burst", 7):
+        with pytest.raises(InputError, match="exchange"):
+            ulysses_attention(x, x, x, comm=ctx, exchange=bad)
     with pytest.raises(InputError, match="heads H=2"):
         ulysses_attention(x, x, x, comm=create_context(path="hbm", loopback_world=4, device=device))
     with pytest.raises(InputError, match="seq_lens"):

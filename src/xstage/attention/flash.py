@@ -26,6 +26,10 @@ period before the tile's end), the program raises the owners' per-source counter
 add, which then finds the stores landed (release/acquire, `xstage.comm.device`). The last tile of
 each program has no next tile to hide in: it is sent after the loop.
 
+Tracing (`trace=`, see `trace_buffer`): the kernel records per tile when it started, when its key
+loop ended, when its epilogue ended, the time spent in and the number of paced sends inside its key
+loop, and its SM, from `%globaltimer` (ns). Without `trace` the timer reads are compiled out.
+
 Example:
     >>> import torch
     >>> from xstage.attention import flash_attention
@@ -43,13 +47,17 @@ import triton
 import triton.language as tl
 
 from xstage import backend
-from xstage.comm.device import peer_ptr, signal_add
+from xstage.comm.device import globaltimer, peer_ptr, signal_add, smid, use_ptx
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+# The fields of one trace row (`trace_buffer`): start, key loop end, epilogue end (ns), ns inside
+# paced sends, chunks sent, SM id.
+TRACE_FIELDS = 6
+TRACE_START, TRACE_LOOP_END, TRACE_END, TRACE_SEND_NS, TRACE_CHUNKS, TRACE_SM = range(TRACE_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -113,13 +121,14 @@ def _attn_fwd_kernel(
     q_rb, q_cb, k_rb, k_cb, v_rb, v_cb,
     p_kv_lens, qk_scale,
     H, S_q, S_k, n_m, n_tiles,
-    p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig, p_stage,
+    p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig, p_stage, p_trace,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr, PACED: tl.constexpr,
-    CHUNK_ROWS: tl.constexpr, DOT_PREC: tl.constexpr,
+    CHUNK_ROWS: tl.constexpr, DOT_PREC: tl.constexpr, TRACE: tl.constexpr, USE_PTX: tl.constexpr,
 ):
     # q, k, v are TMA descriptors over 2-D views (row = b * rb + s, col = b * cb + h * s_h + d) when
-    # USE_TMA, else pointers to [B, S, H, D] with unit stride in D.
+    # USE_TMA, else pointers to [B, S, H, D] with unit stride in D. With TRACE, p_trace is int64
+    # [n_progs, cdiv(n_tiles, n_progs) + 1, TRACE_FIELDS] (layout: `trace_buffer`).
     o_m = tl.arange(0, BLOCK_M)
     o_n = tl.arange(0, BLOCK_N)
     o_d = tl.arange(0, HEAD_DIM)
@@ -133,6 +142,14 @@ def _attn_fwd_kernel(
     prev_b = tl.full([], 0, tl.int64)
     prev_h = tl.full([], 0, tl.int64)
     for tile in range(pid, n_tiles, n_progs):
+        if TRACE:
+            # Each timestamp is stored as soon as it is read, and the row's address is recomputed at
+            # each store: nothing of the trace stays live across the key loop (only the paced sends'
+            # two int32 sums), so the traced kernel keeps the untraced one's registers and schedule
+            # as far as it can.
+            tl.store(_trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs) + 0, globaltimer(USE_PTX))
+            send_ns = tl.zeros([], tl.int32)
+            n_sent = tl.zeros([], tl.int32)
         i_b, i_h, i_m = _tile_coords(tile, n_m, H)
         i_b = i_b.to(tl.int64)
         i_h = i_h.to(tl.int64)
@@ -165,8 +182,13 @@ def _attn_fwd_kernel(
             if EXCHANGE and PACED:
                 i_blk = start_n // BLOCK_N
                 if (prev_m0 >= 0) & (i_blk % pace == phase) & (i_blk // pace < N_CHUNKS):
+                    if TRACE:
+                        t_send = globaltimer(USE_PTX)
                     _send_chunk(p_slot, p_o, i_blk // pace, prev_m0, S_q, prev_b, prev_h, p_dst_tab, p_dst_row0,
                                 d_sb, d_ss, d_sh, head_off, HEAD_DIM, CHUNK_ROWS)
+                    if TRACE:
+                        send_ns += (globaltimer(USE_PTX) - t_send).to(tl.int32)
+                        n_sent += (prev_m0 + (i_blk // pace) * CHUNK_ROWS < S_q).to(tl.int32)
             if USE_TMA:
                 b_k = k.load([k_row0 + start_n, k_col])  # [BN, D]
                 b_v = v.load([v_row0 + start_n, v_col])
@@ -189,6 +211,8 @@ def _attn_fwd_kernel(
                                            DOT_PREC)
         # A batch with no valid key gets zeros, not 0/0.
         b_o = (b_acc / tl.where(b_l == 0.0, 1.0, b_l)[:, None]).to(p_o.dtype.element_ty)  # [BM, D]
+        if TRACE:
+            tl.store(_trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs) + 1, globaltimer(USE_PTX))
         if EXCHANGE and PACED:
             if prev_m0 >= 0:
                 # chunks that found no slot in a key loop shorter than N_CHUNKS blocks
@@ -214,14 +238,49 @@ def _attn_fwd_kernel(
         else:
             p_out = p_o + i_b * s_ob + i_h * s_oh + o_s.to(tl.int64)[:, None] * s_os + o_d[None, :]
             tl.store(p_out, b_o, mask=(o_s < S_q)[:, None])
+        if TRACE:
+            _trace_end(_trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs), send_ns, n_sent, USE_PTX)
+    if TRACE:
+        # the last row: the sends and signals after the tile loop
+        t_start = globaltimer(USE_PTX)
+        t_sent = t_start
+        send_ns = tl.zeros([], tl.int32)
+        n_sent = tl.zeros([], tl.int32)
     if EXCHANGE and PACED:
         if prev_m0 >= 0:
             for i_c in range(N_CHUNKS):
+                if TRACE:
+                    t_send = globaltimer(USE_PTX)
                 _send_chunk(p_slot, p_o, i_c, prev_m0, S_q, prev_b, prev_h, p_dst_tab, p_dst_row0, d_sb, d_ss,
                             d_sh, head_off, HEAD_DIM, CHUNK_ROWS)
+                if TRACE:
+                    t_sent = globaltimer(USE_PTX)
+                    send_ns += (t_sent - t_send).to(tl.int32)
+                    n_sent += (prev_m0 + i_c * CHUNK_ROWS < S_q).to(tl.int32)
             _signal_tile(p_sig_tab, p_sig, p_dst_row0, prev_m0, S_q, BLOCK_M)
     elif EXCHANGE:
         _signal_owners(p_sig_tab, p_sig, p_dst_row0, pend_lo, pend_hi)
+    if TRACE:
+        p_row = _trace_row_ptr(p_trace, pid, pid + tl.cdiv(n_tiles, n_progs) * n_progs, n_tiles, n_progs)
+        tl.store(p_row + 0, t_start)
+        tl.store(p_row + 1, t_sent)
+        _trace_end(p_row, send_ns, n_sent, USE_PTX)
+
+
+@triton.jit
+def _trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs):
+    # row (tile - pid) / n_progs of program pid in [n_progs, cdiv(n_tiles, n_progs) + 1, 6]
+    n_rows = tl.cdiv(n_tiles, n_progs) + 1
+    return p_trace + (pid.to(tl.int64) * n_rows + (tile - pid) // n_progs) * 6
+
+
+@triton.jit
+def _trace_end(p_row, send_ns, n_sent, USE_PTX: tl.constexpr):
+    # TRACE_END, TRACE_SEND_NS, TRACE_CHUNKS, TRACE_SM
+    tl.store(p_row + 2, globaltimer(USE_PTX))
+    tl.store(p_row + 3, send_ns.to(tl.int64))
+    tl.store(p_row + 4, n_sent.to(tl.int64))
+    tl.store(p_row + 5, smid(USE_PTX).to(tl.int64))
 
 
 @triton.jit
@@ -346,7 +405,7 @@ def _num_sms(device: torch.device) -> int:
 
 
 @dataclass(frozen=True)
-class Exchange:
+class StoreRoute:
     """Where the epilogue sends each output row (see `xstage.attention.ulysses`).
 
     dst_table: int64 [P] addresses of each rank's output buffer (16-byte aligned);
@@ -370,6 +429,44 @@ class Exchange:
     paced: bool = True
 
 
+def launch_grid(q: torch.Tensor, config: FlashConfig | None = None) -> tuple[int, int]:
+    """(programs, tiles per program) that `flash_attention(q, ..., config=config)` launches: query
+    tiles `B x H x cdiv(S_q, block_m)` over `SMs x ctas_per_sm` programs (one per tile when
+    `ctas_per_sm` is 0); program i takes tiles i, i + programs, ..."""
+    B, S_q, H, D = q.shape
+    cfg = config or default_config(D, q.dtype, q.device)
+    n_tiles = B * H * triton.cdiv(S_q, cfg.block_m)
+    grid = n_tiles if cfg.ctas_per_sm <= 0 else min(n_tiles, _num_sms(q.device) * cfg.ctas_per_sm)
+    return grid, triton.cdiv(n_tiles, grid) if grid else 0
+
+
+def trace_buffer(q: torch.Tensor, config: FlashConfig | None = None) -> torch.Tensor:
+    """A zeroed trace for `flash_attention(q, ..., config=config, trace=...)`: int64
+    `[programs, tiles_per_program + 1, TRACE_FIELDS]` on q's device (`launch_grid` gives both sizes).
+
+    Row j < tiles_per_program of program i describes its j-th tile (tile `i + j * programs`; rows of
+    tiles a program does not have stay 0). Fields, all from `%globaltimer` (ns, comparable across SMs):
+    `TRACE_START` the tile's start; `TRACE_LOOP_END` its key loop's end (after the masked tail block and
+    the normalisation); `TRACE_END` its epilogue's end (the store, or the staging write and the
+    previous tile's remaining chunks and signals, or the burst's stores and signals: store issue, not
+    landing); `TRACE_SEND_NS` the sum of the durations of the paced sends (of the previous tile's
+    chunks) inside its key loop; `TRACE_CHUNKS` how many chunks those sends carried (chunks past the
+    sequence's end, which send nothing, are not counted); `TRACE_SM` the SM it ran on.
+    The last row (index tiles_per_program) holds what the program does after its tile loop (the paced
+    exchange's last tile: all its chunks, then its signals; the burst exchange: its last signals):
+    `TRACE_START` when it began, `TRACE_LOOP_END` when the last chunk was sent (= start without
+    sends), `TRACE_END` after the signals, `TRACE_SEND_NS` / `TRACE_CHUNKS` those sends, `TRACE_SM`.
+    In the interpreter the timers read 0 (the counts and SM 0 are still written).
+
+    Example:
+        >>> q = torch.zeros(1, 100, 2, 32)
+        >>> trace_buffer(q, FlashConfig(block_m=32, ctas_per_sm=1)).shape   # 8 tiles on 4 CPU "SMs"
+        torch.Size([4, 3, 6])
+    """
+    grid, per_prog = launch_grid(q, config)
+    return torch.zeros(grid, per_prog + 1, TRACE_FIELDS, dtype=torch.int64, device=q.device)
+
+
 def _chunk_rows(cfg: FlashConfig, head_dim: int) -> int:
     rows = cfg.chunk_rows or max(1, 2048 // head_dim)
     if rows & (rows - 1) or rows < 1:
@@ -386,16 +483,19 @@ def flash_attention(
     kv_lens: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: FlashConfig | None = None,
-    exchange: Exchange | None = None,
+    route: StoreRoute | None = None,
     launched: list | None = None,
+    trace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Non-causal attention over `[B, S, H, D]` tensors; returns `out` (`[B, S_q, H, D]`, q's dtype).
 
     `kv_lens` (int32 [B], optional) limits batch b's keys to its first `kv_lens[b]` (padded
-    sequences). `softmax_scale` defaults to `1/sqrt(D)`. `exchange` routes the output rows to other
+    sequences). `softmax_scale` defaults to `1/sqrt(D)`. `route` sends the output rows to other
     ranks' buffers instead of `out` (then `out` is this rank's own output buffer and is returned).
     `launched` (a list, optional) receives the compiled kernel of this call (None in the interpreter
-    or when nothing is launched): its `.asm` holds the PTX and cubin Triton chose.
+    or when nothing is launched): its `.asm` holds the PTX and cubin Triton chose. `trace` (int64,
+    optional, from `trace_buffer`) receives per-tile timestamps; the kernel traced is a separate
+    compilation (without `trace` no timer is read).
 
     Example:
         >>> q = k = v = torch.randn(2, 100, 4, 32, dtype=torch.float16)
@@ -414,21 +514,28 @@ def flash_attention(
             raise InputError(f"kv_lens: expected an int32 tensor of shape [{B}], got {kv_lens.dtype} "
                              f"{tuple(kv_lens.shape)}")
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32)
-    if exchange is None:
+    if route is None:
         if out is None:
             out = torch.empty(B, S_q, H, D, dtype=q.dtype, device=q.device)
         elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1 or out.device != q.device:
             raise InputError(f"out: expected {tuple(q.shape)} {q.dtype} on {q.device} with unit stride in D")
     elif out is None:
-        raise InputError("out: required with exchange (this rank's own output buffer)")
+        raise InputError("out: required with route (this rank's own output buffer)")
     cfg = config or default_config(D, q.dtype, q.device)
+    grid, per_prog = launch_grid(q, cfg)
+    if trace is not None:
+        want = (grid, per_prog + 1, TRACE_FIELDS)
+        if (not isinstance(trace, torch.Tensor) or trace.dtype != torch.int64 or tuple(trace.shape) != want
+                or trace.device != q.device or not trace.is_contiguous()):
+            raise InputError(f"trace: expected a contiguous int64 tensor of shape {list(want)} on {q.device} "
+                             f"(see trace_buffer), got {getattr(trace, 'dtype', type(trace))} "
+                             f"{list(getattr(trace, 'shape', []))} on {getattr(trace, 'device', '-')}")
     if S_q == 0 or B == 0 or H == 0:
         if launched is not None:
             launched.append(None)
         return out
     n_m = triton.cdiv(S_q, cfg.block_m)
     n_tiles = B * H * n_m
-    grid = n_tiles if cfg.ctas_per_sm <= 0 else min(n_tiles, _num_sms(q.device) * cfg.ctas_per_sm)
     use_tma = cfg.use_tma
     tma_possible = (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
                     and all(_tma_ok(t) for t in (q, k, v)))
@@ -443,12 +550,12 @@ def flash_attention(
         args_qkv = (q, k, v)
         views = [(0, 0)] * 3
     chunk_rows = _chunk_rows(cfg, D)
-    paced = exchange is not None and exchange.paced
-    if exchange is None:
+    paced = route is not None and route.paced
+    if route is None:
         ex_args = (out, out, out, 0, 0, 0, out, out, out)
         o_strides = (out.stride(0), out.stride(1), out.stride(2))
     else:
-        e = exchange
+        e = route
         # one [BLOCK_M, D] staging slot per program (paced exchange)
         stage = torch.empty(grid * cfg.block_m * D if paced else 1, dtype=out.dtype, device=out.device)
         ex_args = (e.dst_table, e.row0, e.batch_stride, e.row_stride, e.head_stride, e.head_offset,
@@ -461,11 +568,12 @@ def flash_attention(
         *views[0], *views[1], *views[2],
         kv_lens if kv_lens is not None else out, scale * LOG2E,
         H, S_q, S_k, n_m, n_tiles,
-        *ex_args,
+        *ex_args, trace if trace is not None else out,
         HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
-        HAS_KV_LENS=kv_lens is not None, EXCHANGE=exchange is not None, PACED=paced, CHUNK_ROWS=chunk_rows,
+        HAS_KV_LENS=kv_lens is not None, EXCHANGE=route is not None, PACED=paced, CHUNK_ROWS=chunk_rows,
         # fp32 inputs get fp32 products (tl.dot would round them to tf32 on a GPU by default)
         DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        TRACE=trace is not None, USE_PTX=use_ptx(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if launched is not None:

@@ -1,4 +1,4 @@
-"""Ulysses sequence-parallel attention whose post-attention all-to-all runs inside the attention kernel.
+"""Ulysses sequence-parallel attention with its post-attention all-to-all hidden behind attention.
 
 Problem: every rank holds its tokens of q, k, v as `[B, S_local, H, D]` (yunchang's layout) and
 needs attention over the whole sequence for its tokens and all heads, returned as `[B, S_local, H, D]`.
@@ -6,23 +6,27 @@ needs attention over the whole sequence for its tokens and all heads, returned a
 Algorithm (P ranks, rank r owns heads `head0[r]:head0[r+1]` after the first exchange):
 1. pre-attention all-to-all of q, k, v (one `all_to_all_single`; see `layout.py`): rank r gets its
    heads over the whole sequence;
-2. `mode="fused"`: the persistent FlashAttention kernel walks its query tiles; when a tile's output
-   is final it stores each row into the output buffer of the rank that owns the row and raises that
-   rank's per-source counter, then moves on to the next tile (no communication warp or SM). The
-   receiver waits for its counters (a one-program kernel, bounded by the context's timeout).
-   `mode="serial"`: the same kernel writes a local output, then one all-to-all moves it.
+2. attention of those heads, with the output sent to the ranks that own its rows by the chosen
+   `exchange` (`xstage.attention.exchange`):
+   - `serial`: attention (Triton or cuDNN), then one all-to-all;
+   - `overlap`: attention block of rows by block of rows; the copy engine sends each finished block
+     while the SMs compute the next (`overlap.py`);
+   - `stores`: the persistent FlashAttention kernel stores each finished tile's rows into the
+     owners' buffers from its epilogue and raises each owner's per-source counter; the receiver
+     waits for its counters (a one-program kernel, bounded by the context's timeout);
+   - `auto` (the default): the planner's pick (`xstage.sched`).
 
 Any head count and sequence length work: heads and tokens are split with the first `n % P` ranks
 taking one more. The ranks' token counts are gathered from the group unless `seq_lens` gives them
 (pass it to save that collective, and always under CUDA graph capture when the counts differ).
 
 Groups: `group` (a ProcessGroup, default the world group) runs the pre-attention all-to-all through
-torch.distributed (NCCL, or gloo for ranks sharing one GPU) and the fused exchange through a
-`peer` `xstage.comm` context built on first use. `comm=` passes a context instead; a loopback
+torch.distributed (NCCL, or gloo for ranks sharing one GPU) and the `overlap` and `stores`
+exchanges through a `peer` `xstage.comm` context built on first use. `comm=` passes a context instead; a loopback
 context (`path="host"` or `"hbm"`) lets one device play rank r of P: rank p holds the local shard
 shifted by p - r tokens (cyclically), so what peers would send is synthesized from local data, the
-stores for other ranks land in buffers on the chosen path, and the other ranks' heads of the
-returned output are computed by the same kernel outside the exchange.
+rows for other ranks land in buffers on the chosen path, and the other ranks' heads of the
+returned output are computed by the Triton kernel outside the exchange.
 
 Example (one device, loopback; runs in the CPU interpreter too):
     >>> import torch
@@ -30,19 +34,22 @@ Example (one device, loopback; runs in the CPU interpreter too):
     >>> from xstage.attention import ulysses_attention
     >>> ctx = create_context(path="hbm", loopback_world=2, rank=0)
     >>> q, k, v = (torch.randn(1, 64, 4, 32, dtype=torch.float16) for _ in range(3))
-    >>> ulysses_attention(q, k, v, comm=ctx).shape
+    >>> ulysses_attention(q, k, v, comm=ctx, exchange="overlap").shape
     torch.Size([1, 64, 4, 32])
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from xstage.attention.flash import Exchange, FlashConfig, _check_qkv, default_config, flash_attention
+from xstage.attention.exchange import Exchange, parse_exchange, resolve_auto
+from xstage.attention.flash import FlashConfig, StoreRoute, _check_qkv, default_config, flash_attention
 from xstage.attention.layout import (
     UlyssesPlan,
     check_local,
@@ -52,12 +59,14 @@ from xstage.attention.layout import (
     unpack_out,
     unpack_qkv,
 )
+from xstage.attention.overlap import attend, run_overlap, run_serial_copies, stage_offset, unpack_stage
 from xstage.comm import create_context
 from xstage.comm.device import use_ptx
 from xstage.comm.ulysses_signals import expected_tiles, wait_counters
 from xstage.errors import InputError
 
-MODES = ("fused", "serial")
+# `mode=` before `exchange=` existed: what each old name runs now
+MODES = {"fused": "stores:paced", "serial": "serial"}
 
 
 @dataclass
@@ -67,7 +76,7 @@ class FusedState:
     plan: UlyssesPlan
     out: object  # SymmBuffer [B, S_max, H, D]: every rank's output
     sig: torch.Tensor  # int32 counters this rank waits on (loopback: one per destination)
-    exchange: Exchange
+    route: StoreRoute
     wait_table: torch.Tensor
     wait_expected: torch.Tensor
     wait_peers: torch.Tensor
@@ -107,12 +116,12 @@ def fused_state(ctx, plan: UlyssesPlan, dtype: torch.dtype, block_m: int) -> Fus
         expected = expected_tiles(tok0, heads, B, block_m, r)
     sig_addrs = torch.tensor([sig[p].data_ptr() for p in range(P)], dtype=torch.int64, device=dev)
     sig_table = sig_addrs if ctx.loopback else sig_buf.ptrs + 4 * r  # this source's slot on every rank
-    exchange = Exchange(
+    route = StoreRoute(
         dst_table=out.ptrs, row0=torch.tensor(tok0, dtype=torch.int32, device=dev),
         batch_stride=s_max * H * D, head_offset=plan.head0[r], sig_table=sig_table, sig_like=sig,
         row_stride=H * D, head_stride=D,
     )
-    state = FusedState(plan, out, sig, exchange, sig_addrs,
+    state = FusedState(plan, out, sig, route, sig_addrs,
                        torch.tensor(expected, dtype=torch.int32, device=dev),
                        torch.arange(P, dtype=torch.int32, device=dev))
     cache[key] = state
@@ -120,10 +129,17 @@ def fused_state(ctx, plan: UlyssesPlan, dtype: torch.dtype, block_m: int) -> Fus
 
 
 def run_fused(state: FusedState, ctx, qg, kg, vg, *, softmax_scale=None, config: FlashConfig | None = None,
-              wait: bool = True) -> None:
-    """Attention of this rank's heads with the output exchange in the epilogue, then (if `wait`)
-    the bounded wait for this rank's counters (loopback: for every destination's counter)."""
-    flash_attention(qg, kg, vg, softmax_scale=softmax_scale, config=config, exchange=state.exchange,
+              wait: bool = True, exchange: Exchange | None = None) -> None:
+    """Attention of this rank's heads with the output exchange in the epilogue (`exchange`: a
+    `stores` spelling; None: the state's route as it is), then (if `wait`) the bounded wait for this
+    rank's counters (loopback: for every destination's counter)."""
+    route = state.route
+    if exchange is not None:
+        route = dataclasses.replace(route, paced=not exchange.burst)
+        if exchange.chunk_rows:
+            config = dataclasses.replace(config or default_config(qg.shape[-1], qg.dtype, qg.device),
+                                         chunk_rows=exchange.chunk_rows)
+    flash_attention(qg, kg, vg, softmax_scale=softmax_scale, config=config, route=route,
                     out=state.own_output())
     if wait:
         wait_fused(state, ctx)
@@ -149,9 +165,7 @@ def loopback_index(plan: UlyssesPlan, device) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def _resolve(group, comm, mode):
-    if mode not in MODES:
-        raise InputError(f"mode {mode!r}: must be one of {MODES}")
+def _resolve(group, comm):
     if comm is not None:
         if group is not None:
             raise InputError("group, comm: pass one of them, not both")
@@ -200,6 +214,20 @@ def _loopback_peer_heads(plan, q, kf, vf, out, scale, config):
                             out=out[:, :, a:b], config=config)
 
 
+def exchange_from_mode(exchange, mode) -> Exchange:
+    """The exchange of a call that may still use the deprecated `mode=` ("fused" or "serial")."""
+    if mode is None:
+        return parse_exchange(exchange)
+    if mode not in MODES:
+        raise InputError(f"mode {mode!r}: deprecated, and must be one of {', '.join(MODES)}; pass exchange= "
+                         "instead (serial, overlap, stores, tma, auto)")
+    if exchange is not None:
+        raise InputError(f"exchange, mode: pass exchange= only (mode={mode!r} is deprecated)")
+    warnings.warn(f"ulysses_attention(mode={mode!r}) is deprecated: use exchange={MODES[mode]!r}",
+                  DeprecationWarning, stacklevel=3)
+    return parse_exchange(MODES[mode])
+
+
 def ulysses_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -207,25 +235,30 @@ def ulysses_attention(
     group=None,
     *,
     softmax_scale: float | None = None,
-    mode: str = "fused",
+    exchange: str | Exchange | None = None,
     comm=None,
     seq_lens=None,
     config: FlashConfig | None = None,
     check: bool = True,
+    mode: str | None = None,
 ) -> torch.Tensor:
     """Ulysses attention: `[B, S_local, H, D]` q, k, v in, `[B, S_local, H, D]` out (non-causal).
 
     `group`: ProcessGroup (None: the world group). `comm`: an `xstage.comm` context instead (a
-    loopback context makes one device play one rank). `mode`: "fused" (exchange in the kernel's
-    epilogue) or "serial" (kernel, then the exchange). `seq_lens`: every rank's token count (default:
-    gathered from the group, one small collective; on a loopback context or during CUDA graph
-    capture all equal to this rank's). `check`: after a fused run, synchronise and raise `CommTimeoutError`
-    if a counter wait timed out (skipped while a CUDA graph is being captured).
+    loopback context makes one device play one rank). `exchange`: how the output reaches the ranks
+    that own its rows, one of the spellings of `xstage.attention.exchange` (`serial`, `overlap`,
+    `stores`, `tma`, `auto`; None means `auto`, the planner's pick for this shape, group size, path
+    and dtype). `mode` ("fused" or "serial") is deprecated: it maps to `stores:paced` and `serial`.
+    `seq_lens`: every rank's token count (default: gathered from the group, one small collective;
+    on a loopback context or during CUDA graph capture all equal to this rank's). `check`: after
+    the call, synchronise and raise `CommTimeoutError` if a wait on a peer timed out (skipped while a
+    CUDA graph is being captured; `serial` is bounded by the group's own timeout instead).
 
     Example: see the module docstring.
     """
     _check_qkv(q, k, v)
-    world, rank, ctx, group = _resolve(group, comm, mode)
+    ex = exchange_from_mode("auto" if exchange is None and mode is None else exchange, mode)
+    world, rank, ctx, group = _resolve(group, comm)
     B, s_r, H, D = q.shape
     if k.shape != q.shape:
         raise InputError(f"k, v: expected the local shape of q {list(q.shape)}, got {list(k.shape)}")
@@ -237,7 +270,14 @@ def ulysses_attention(
         check_local(plan, name, t)
     cfg = config or default_config(D, q.dtype, q.device)
     if world == 1:
-        return flash_attention(q, k, v, softmax_scale=softmax_scale, config=cfg)
+        out = torch.empty_like(q)
+        attend("cudnn" if ex.mechanism in ("serial", "overlap") and ex.core == "cudnn" else "triton", q, k, v,
+               out, softmax_scale=softmax_scale, config=cfg)
+        return out
+    path = ctx.path if ctx is not None else "peer"
+    if ex.mechanism == "auto":
+        ex = resolve_auto(plan, q.dtype, path, q.device)
+    check_runnable(ex, q.device)
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     kf = vf = None
     if ctx is not None and ctx.loopback:
@@ -245,32 +285,66 @@ def ulysses_attention(
         qg, kg, vg = qf[:, :, h0:h1], kf[:, :, h0:h1], vf[:, :, h0:h1]
     else:
         qg, kg, vg = _pre_alltoall(plan, q, k, v, group)
-    if mode == "fused":
-        if ctx is None:
-            ctx = _group_context(group)
-        state = fused_state(ctx, plan, q.dtype, cfg.block_m)
-        run_fused(state, ctx, qg, kg, vg, softmax_scale=softmax_scale, config=cfg)
-        if check and not _capturing(q):
-            ctx.check()
+    out = torch.empty_like(q)
+    if ex.mechanism == "serial" and (ctx is None or not ctx.loopback):
+        og = empty_gathered_out(plan, q.dtype, q.device)
+        attend(ex.core, qg, kg, vg, og, softmax_scale=softmax_scale, config=cfg)
+        recv = torch.empty(sum(plan.out_recv_splits()), dtype=q.dtype, device=q.device)
+        send = og.transpose(0, 1).reshape(-1)  # [S, B, h_r, D] is contiguous: no copy
+        dist.all_to_all_single(recv, send, plan.out_recv_splits(), plan.out_send_splits(), group=group)
+        return unpack_out(plan, recv, out)
+    if ctx is None:
+        ctx = _group_context(group)
+    state = fused_state(ctx, plan, q.dtype, cfg.block_m)
+    if ex.in_kernel:
+        run_fused(state, ctx, qg, kg, vg, softmax_scale=softmax_scale, config=cfg, exchange=ex)
         # A copy, so that the next call's stores cannot overwrite what the caller holds.
-        out = state.own_output().clone()
+        out.copy_(state.own_output())
     else:
         og = empty_gathered_out(plan, q.dtype, q.device)
-        flash_attention(qg, kg, vg, softmax_scale=softmax_scale, out=og, config=cfg)
-        out = torch.empty_like(q)
-        if ctx is not None and ctx.loopback:
-            state = fused_state(ctx, plan, q.dtype, cfg.block_m)
-            serial_loopback_exchange(plan, og, state, ctx)
-            out.copy_(state.own_output())
+        stage = _stage_buffer(state, ctx)
+        if ex.mechanism == "overlap":
+            run_overlap(plan, ex, qg, kg, vg, og, out[:, :, h0:h1], stage.peers, softmax_scale=softmax_scale,
+                        config=cfg)
         else:
-
-            recv = torch.empty(sum(plan.out_recv_splits()), dtype=q.dtype, device=q.device)
-            send = og.transpose(0, 1).reshape(-1)  # [S, B, h_r, D] is contiguous: no copy
-            dist.all_to_all_single(recv, send, plan.out_recv_splits(), plan.out_send_splits(), group=group)
-            unpack_out(plan, recv, out)
+            attend(ex.core, qg, kg, vg, og, softmax_scale=softmax_scale, config=cfg)
+            run_serial_copies(plan, og, out[:, :, h0:h1], stage.peers)
+        if ctx.loopback:
+            unpack_loopback(plan, state)
+        else:
+            ctx.barrier()  # every rank's copies have landed (bounded by the context's watchdog)
+            unpack_stage(plan, stage.local, out, [s for s in range(world) if s != rank])
+    if check and not _capturing(q) and ex.mechanism != "serial":
+        ctx.check()
     if kf is not None:
         _loopback_peer_heads(plan, q, kf, vf, out, softmax_scale, cfg)
     return out
+
+
+def check_runnable(ex: Exchange, device: torch.device) -> None:
+    """An `InputError` naming the mechanisms that can run when `ex` cannot run on `device`."""
+    if ex.mechanism == "tma":
+        raise InputError(f"exchange {str(ex)!r}: cannot run here: Triton 3.6 issues no bulk (TMA) stores to "
+                         "another rank's buffer (benchmarks/results/h200-tma-store/); these can: serial, "
+                         "overlap, stores, auto")
+
+
+def unpack_loopback(plan: UlyssesPlan, state: FusedState) -> None:
+    """What the stand-in ranks of a loopback group do with this rank's staged rows: move them into
+    their outputs (a host path's copies are asynchronous: wait for them first)."""
+    r = plan.rank
+    h0, h1 = plan.head0[r], plan.head0[r + 1]
+    n = plan.batch * (h1 - h0) * plan.head_dim
+    stage = state.stage
+    if state.out.local.is_cuda and any(not t.is_cuda for t in stage.peers):
+        torch.cuda.current_stream(state.out.local.device).synchronize()
+    for p in range(plan.world):
+        s_p = plan.seq_lens[p]
+        if p == r or s_p == 0:
+            continue
+        off = stage_offset(plan, p, r)
+        region = stage.peers[p].view(-1)[off:off + s_p * n].view(s_p, plan.batch, h1 - h0, plan.head_dim)
+        state.out.peers[p][:, :s_p, h0:h1].copy_(region.transpose(0, 1))
 
 
 def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedState, ctx, *,
@@ -281,24 +355,10 @@ def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedSt
     `[S_p, B, h_r, D]` chunk of the sequence-major `og`) are copied into that rank's receive buffer
     on the path. With `unpack`, also what each receiver does next: move the chunk into its output."""
     r = plan.rank
-    h0, h1 = plan.head0[r], plan.head0[r + 1]
-    tok0 = plan.tok0
     stage = _stage_buffer(state, ctx)
-    for p in range(plan.world):
-        if tok0[p + 1] == tok0[p]:
-            continue
-        rows = og[:, tok0[p]:tok0[p + 1]]
-        if p == r:
-            state.out.local[:, :plan.seq_lens[p], h0:h1].copy_(rows)
-            continue
-        chunk = rows.transpose(0, 1)
-        staged = stage.peers[p][:chunk.numel()].view(chunk.shape)
-        staged.copy_(chunk if chunk.is_contiguous() else chunk.contiguous(), non_blocking=True)
-        if unpack:
-            if staged.device.type == "cpu" and og.is_cuda:
-                # the receiver's unpack runs on the host here: wait for the asynchronous copy to land
-                torch.cuda.current_stream(og.device).synchronize()
-            state.out.peers[p][:, :plan.seq_lens[p], h0:h1].copy_(staged.transpose(0, 1))
+    run_serial_copies(plan, og, state.out.local[:, :plan.seq_lens[r], plan.head0[r]:plan.head0[r + 1]], stage.peers)
+    if unpack:
+        unpack_loopback(plan, state)
 
 
 def _stage_buffer(state: FusedState, ctx):
@@ -320,13 +380,11 @@ class UlyssesAttention(torch.nn.Module):
         torch.Size([1, 32, 2, 16])
     """
 
-    def __init__(self, sequence_process_group=None, *, mode: str = "fused", comm=None,
-                 config: FlashConfig | None = None):
+    def __init__(self, sequence_process_group=None, *, exchange: str | Exchange | None = None, comm=None,
+                 config: FlashConfig | None = None, mode: str | None = None):
         super().__init__()
-        if mode not in MODES:
-            raise InputError(f"mode {mode!r}: must be one of {MODES}")
+        self.exchange = exchange_from_mode("auto" if exchange is None and mode is None else exchange, mode)
         self.group = sequence_process_group
-        self.mode = mode
         self.comm = comm
         self.config = config
 
@@ -336,9 +394,10 @@ class UlyssesAttention(torch.nn.Module):
             raise InputError(f"dropout_p={dropout_p}: only 0.0 is supported (inference)")
         if causal:
             raise InputError("causal=True: only non-causal attention is supported (DiT)")
-        return ulysses_attention(query, key, value, self.group, softmax_scale=softmax_scale, mode=self.mode,
+        return ulysses_attention(query, key, value, self.group, softmax_scale=softmax_scale, exchange=self.exchange,
                                  comm=self.comm, seq_lens=seq_lens, config=self.config)
 
 
-__all__ = ["MODES", "FusedState", "UlyssesAttention", "fused_state", "loopback_gather", "run_fused",
-           "serial_loopback_exchange", "split_sizes", "ulysses_attention", "wait_fused"]
+__all__ = ["MODES", "FusedState", "UlyssesAttention", "check_runnable", "exchange_from_mode", "fused_state",
+           "loopback_gather", "run_fused", "serial_loopback_exchange", "split_sizes", "ulysses_attention",
+           "unpack_loopback", "wait_fused"]

@@ -1,27 +1,25 @@
-"""`xstage bench ulysses`: fused Ulysses attention against its serial baselines on one GPU (loopback).
+"""`xstage bench ulysses`: every Ulysses exchange against attention alone on one GPU (loopback).
 
-Problem: how much of the post-attention all-to-all does the fused kernel hide, per shape and group
-size? The GPU plays rank 0 of P ranks (`xstage.comm` loopback): the other ranks' output buffers live
-on `--path` (`host`: pinned host memory over PCIe, `hbm`: device memory), so the fused kernel's
-remote stores cross a real link with a real X-Stage.
+Problem: how much of the post-attention all-to-all does each exchange hide, per shape and group
+size? The GPU plays rank 0 of P ranks (`xstage.comm` loopback): the other ranks' buffers live on
+`--path` (`host`: pinned host memory over PCIe, `hbm`: device memory), so their rows cross a real
+link.
 
-Variants per configuration (heads x dim, total tokens, P), all on rank 0's share of the work
+Variants per configuration (`--exchange`, default `VARIANTS`), all on rank 0's share of the work
 (its heads over the whole sequence, after the pre-attention all-to-all):
-- `attention`: the Triton kernel alone, output to local memory;
-- `serial_triton`: the same kernel, then the exchange as an all-to-all does it (this rank's rows
-  into its output; each other rank's rows, one contiguous chunk, into that rank's receive buffer);
-- `serial_cudnn`: cuDNN SDPA (torch), then the same exchange;
-- `fused`: the kernel with the exchange in its epilogue; sender-visible = the kernel, receiver-
-  visible = the kernel plus the wait for every destination's counters. The exchange is paced (each
-  tile sent in chunks during the next tile's key loop) unless `--burst` asks for the epilogue that
-  stores whole tiles (for comparison; write such runs to their own folder).
-Every variant is timed as CUDA-graph replays (no host launch overhead). Each row has sender- and
-receiver-visible medians (ns), TFLOP/s of the attention work, and whether
-every destination received exactly the attention output. The summary adds ratios and, where
-`xstage.model` provides a host-path profile, the Burst-Gap model's predicted exchange cost.
+- `attention:triton`, `attention:cudnn`: the attention core alone, output to local memory;
+- every exchange spelling of `xstage.attention.exchange` (`serial:cudnn`, `overlap:cudnn:3`,
+  `stores:burst`, ...), timed until every destination holds its rows (receiver-visible): the
+  serial and overlap exchanges until the last copy has landed, the in-kernel ones until the
+  counter wait for every destination returns;
+- `auto`: what the planner picks for the configuration (the `exchange` column names it).
+Every variant is captured in a CUDA graph (no host launch overhead) and the variants take turns
+replay by replay (`time_interleaved`). Each row has the median, p10 and p90 (ns), the TFLOP/s of
+the attention work and the largest error of what the destinations received against the Triton
+kernel's output, relative to its largest value (`max_err`).
 
 Example:
-    xstage bench ulysses -o benchmarks/results/h200-ulysses --only P=2 --only tokens=4608
+    xstage bench ulysses -o benchmarks/results/h200-ulysses-exchange --only P=2 --only tokens=4608
     xstage bench ulysses -o /tmp/core --core          # attention core vs cuDNN SDPA, a few configs
 """
 
@@ -33,36 +31,50 @@ from pathlib import Path
 
 import torch
 
+from xstage.attention.exchange import parse_exchange, resolve_auto
 from xstage.attention.flash import FlashConfig, default_config, flash_attention
 from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
-from xstage.attention.ulysses import fused_state, loopback_gather, run_fused, serial_loopback_exchange, wait_fused
+from xstage.attention.overlap import run_overlap, run_serial_copies
+from xstage.attention.ulysses import (
+    _stage_buffer,
+    fused_state,
+    loopback_gather,
+    run_fused,
+    unpack_loopback,
+)
 from xstage.bench.commands import add_grid_options
 from xstage.comm import create_context
 from xstage.errors import InputError
-from xstage.model import load_default_profile, simulate_bursts
 from xstage.results.io import ResultWriter, read_rows
 from xstage.results.output import check_output_dir, emit
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
-from xstage.results.timing import time_device
+from xstage.results.timing import time_device, time_interleaved
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
 GRID_WORLDS = (2, 4, 8)
-VARIANTS = ("attention", "serial_triton", "serial_cudnn", "fused")
+# Calibration grid of the planner's tile and copy costs: other head counts and sequence lengths than
+# the grid the planner is judged on.
+CALIBRATION_SHAPES = ((16, 128), (32, 64))
+CALIBRATION_TOKENS = (6144, 24576, 57344)
+CORES = ("attention:triton", "attention:cudnn")
+VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:cudnn", "overlap:cudnn:4",
+                    "stores:paced", "stores:burst", "auto")
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
-COLUMNS = KEY_COLUMNS + ["rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
-                         "tiles", "tile_bytes", "remote_bytes", "sender_ns", "receiver_ns", "p10_ns", "p90_ns",
-                         "tflops", "exchange_ok"]
+COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
+                         "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",
+                         "exchange_ok"]
 CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n", "num_warps", "num_stages",
                 "ctas_per_sm", "tma", "time_ns", "tflops", "ratio_vs_cudnn", "rel_err", "sass"]
+MAX_ERR = 2e-2  # bf16 outputs of two attention cores differ by a few ulps of their largest value
 
 
-def grid_configs():
+def grid_configs(grid: str = "main"):
     """Short sequences first, so that a run cut short still covers every shape and group size."""
-    return [{"heads": h, "dim": d, "tokens": t, "P": p}
-            for t in GRID_TOKENS for (h, d) in GRID_SHAPES for p in GRID_WORLDS]
+    shapes, tokens = (GRID_SHAPES, GRID_TOKENS) if grid == "main" else (CALIBRATION_SHAPES, CALIBRATION_TOKENS)
+    return [{"heads": h, "dim": d, "tokens": t, "P": p} for t in tokens for (h, d) in shapes for p in GRID_WORLDS]
 
 
 def graphed(fn, warmup: int = 1):
@@ -93,12 +105,19 @@ def _sdpa_cudnn(qg, kg, vg):
             qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2)).transpose(1, 2)
 
 
+def check_variants(variants) -> list[str]:
+    """Each name a core (`attention:triton`, `attention:cudnn`) or an exchange spelling, canonical."""
+    out = []
+    for v in variants:
+        out.append(v if v in CORES else str(parse_exchange(v)))
+    if len(set(out)) != len(out):
+        raise InputError(f"--exchange: a variant is named twice in {','.join(variants)}")
+    return out
+
+
 def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None,
-                   paced: bool = True) -> list[dict]:
+                   variants=VARIANTS) -> list[dict]:
     """Rows for every variant of one configuration (rank `rank` of a loopback group of P)."""
-    import dataclasses
-
-
     H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
     dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.bfloat16
@@ -114,76 +133,81 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
         recv[:, i].copy_(loopback_gather(plan, t)[:, :, h0:h1].transpose(0, 1))
     del local
     qg, kg, vg = unpack_qkv(plan, recv.view(-1))
-    og = empty_gathered_out(plan, dtype, dev)
     ctx = create_context(path=path, loopback_world=P, rank=rank, device=dev)
     state = fused_state(ctx, plan, dtype, fc.block_m)
-    state.exchange = dataclasses.replace(state.exchange, paced=paced)
+    stage = _stage_buffer(state, ctx)
+    own_out = state.out.local[:, :plan.seq_lens[rank], h0:h1]
     n_m = math.ceil(T / fc.block_m)
     tiles = h * n_m
     grid = min(tiles, torch.cuda.get_device_properties(dev).multi_processor_count * max(fc.ctas_per_sm, 1))
     flops = attention_flops(1, T, T, h, D)
     common = {**cfg, "path": path, "rank": rank, "rank_heads": h, "block_m": fc.block_m, "block_n": fc.block_n,
               "num_warps": fc.num_warps, "num_stages": fc.num_stages, "grid": grid, "tiles": tiles,
-              "tile_bytes": fc.block_m * D * 2,
-              "remote_bytes": (T - plan.seq_lens[rank]) * h * D * 2}
+              "tile_bytes": fc.block_m * D * 2, "remote_bytes": (T - plan.seq_lens[rank]) * h * D * 2}
+    reference = empty_gathered_out(plan, dtype, dev)
+    flash_attention(qg, kg, vg, out=reference, config=fc)
 
-    def attention():
-        flash_attention(qg, kg, vg, out=og, config=fc)
+    def runner(name: str):
+        if name in CORES:
+            og = empty_gathered_out(plan, dtype, dev)
+            if name == "attention:cudnn":
+                return lambda: _sdpa_cudnn(qg, kg, vg)
+            return lambda: flash_attention(qg, kg, vg, out=og, config=fc)
+        ex = parse_exchange(name)
+        if ex.mechanism == "auto":
+            ex = resolve_auto(plan, dtype, path, dev)
+        if ex.in_kernel:
+            return lambda: run_fused(state, ctx, qg, kg, vg, config=fc, exchange=ex)
+        og = empty_gathered_out(plan, dtype, dev)
+        if ex.mechanism == "overlap":
+            return lambda: run_overlap(plan, ex, qg, kg, vg, og, own_out, stage.peers, config=fc)
 
-    def serial_triton(unpack=False):
-        attention()
-        serial_loopback_exchange(plan, og, state, ctx, unpack=unpack)
+        def serial():
+            if ex.core == "cudnn":
+                # the all-to-all's send chunks are slices of the sequence-major output: one copy makes it so
+                og.copy_(_sdpa_cudnn(qg, kg, vg))
+            else:
+                flash_attention(qg, kg, vg, out=og, config=fc)
+            run_serial_copies(plan, og, own_out, stage.peers)
+        return serial
 
-    def serial_cudnn():
-        serial_loopback_exchange(plan, _sdpa_cudnn(qg, kg, vg), state, ctx, unpack=False)
-
-    def fused_send():
-        run_fused(state, ctx, qg, kg, vg, config=fc, wait=False)
-
-    def fused_recv():
-        run_fused(state, ctx, qg, kg, vg, config=fc)
-
-    def exchange_matches() -> bool:
+    def delivered_error(name: str) -> float:
+        if not parse_exchange(resolved[name]).in_kernel:
+            unpack_loopback(plan, state)  # what each stand-in receiver does with its staged rows
         torch.cuda.synchronize()
-        ok = True
+        ref_max = reference.float().abs().max().item()
+        err = 0.0
         for p in range(P):
             rows = slice(plan.tok0[p], plan.tok0[p + 1])
-            got = state.out.peers[p][:, :plan.seq_lens[p], h0:h1].to(dev)
-            ok &= bool(torch.equal(got, og[:, rows]))
-        return ok
+            got = state.out.peers[p][:, :plan.seq_lens[p], h0:h1].to(dev).float()
+            err = max(err, float("inf") if got.isnan().any() else (got - reference[:, rows].float()).abs().max().item())
+        return err / ref_max
 
-    rows = []
-    attention()
-    for variant in VARIANTS:
-        if variant == "fused":
-            for t in state.out.peers:
-                t.fill_(float("nan"))
-            fused_recv()
-            ok = exchange_matches()
-            # Sender-visible: the kernel alone; its counters are handed back between runs, untimed.
-            send = time_device(graphed(fused_send), warmup=warmup, rep=rep, sync=lambda: wait_fused(state, ctx))
-            torch.cuda.synchronize()
-            state.sig.zero_()
-            recv_t = time_device(graphed(fused_recv), warmup=warmup, rep=rep)
-            ctx.check()
-            rows.append({**common, "variant": variant, "sender_ns": send.median_ns, "receiver_ns": recv_t.median_ns,
-                         "p10_ns": recv_t.p10_ns, "p90_ns": recv_t.p90_ns, "tflops": flops / send.median_ns / 1e3,
-                         "exchange_ok": int(ok)})
-            continue
-        fn = {"attention": attention, "serial_triton": serial_triton, "serial_cudnn": serial_cudnn}[variant]
+    fns, errs, resolved = {}, {}, {}
+    for name in variants:
+        resolved[name] = str(resolve_auto(plan, dtype, path, dev)) if name == "auto" else name
+        fn = runner(name)
         try:
-            t = time_device(graphed(fn), warmup=warmup, rep=rep)
+            for t in (*state.out.peers, *stage.peers):
+                t.fill_(float("nan"))
+            fn()
+            errs[name] = "" if name in CORES else delivered_error(name)
+            fns[name] = graphed(fn)
         except RuntimeError as e:  # cuDNN may refuse a layout: the row says so instead of the grid dying
-            rows.append({**common, "variant": variant, "exchange_ok": f"error: {str(e)[:80]}"})
+            errs[name] = f"error: {str(e)[:80]}"
+    timings = time_interleaved(fns, warmup=warmup, rep=rep)
+    ctx.check()
+    rows = []
+    for name in variants:
+        row = {**common, "variant": name, "exchange": resolved[name]}
+        err = errs[name]
+        if name not in timings:
+            rows.append({**row, "exchange_ok": err})
             continue
-        ok = ""
-        if variant == "serial_triton":
-            for tt in state.out.peers:
-                tt.fill_(float("nan"))
-            serial_triton(unpack=True)
-            ok = int(exchange_matches())
-        rows.append({**common, "variant": variant, "sender_ns": t.median_ns, "receiver_ns": t.median_ns,
-                     "p10_ns": t.p10_ns, "p90_ns": t.p90_ns, "tflops": flops / t.median_ns / 1e3, "exchange_ok": ok})
+        t = timings[name]
+        ok = "" if err == "" else int(err <= MAX_ERR)
+        rows.append({**row, "time_ns": t.median_ns, "p10_ns": t.p10_ns, "p90_ns": t.p90_ns,
+                     "tflops": flops / t.median_ns / 1e3, "max_err": err, "exchange_ok": ok})
     ctx.close()
     return rows
 
@@ -203,30 +227,29 @@ def tuned_configs(*core_csvs) -> dict:
 
 
 def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None,
-             paced=True) -> Path:
+             variants=VARIANTS, grid="main") -> Path:
     """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
     `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim;
-    `paced=False`: the fused rows use the burst epilogue."""
+    `grid`: "main" (the 54 configurations) or "calibration" (the planner's calibration shapes)."""
     if not torch.cuda.is_available():
         raise InputError("bench ulysses: needs a CUDA GPU")
+    variants = check_variants(variants)
     out = Path(out_dir)
     writer = ResultWriter(out / "ulysses.csv", COLUMNS, KEY_COLUMNS, require_commit=True)
     t_start = time.monotonic()
-    for cfg in select(grid_configs(), only):
-        if writer.done({**cfg, "path": path, "variant": VARIANTS[-1]}):
+    for cfg in select(grid_configs(grid), only):
+        if all(writer.done({**cfg, "path": path, "variant": v}) for v in variants):
             continue
         if max_seconds is not None and time.monotonic() - t_start > max_seconds:
             print(f"bench ulysses: stopping after {max_seconds} s; run again to resume")
             break
         fc = flash_cfg.get(cfg["dim"]) if isinstance(flash_cfg, dict) else flash_cfg
-        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, paced=paced)
+        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, variants=variants)
         for row in rows:
             if not writer.done(row):
                 writer.write(row)
-        fused = rows[-1]
         print(f"H{cfg['heads']}xD{cfg['dim']} T={cfg['tokens']} P={cfg['P']}: "
-              + " ".join(f"{r['variant']}={r.get('sender_ns', float('nan')) / 1e3:.1f}us" for r in rows)
-              + f" fused_recv={fused['receiver_ns'] / 1e3:.1f}us ok={fused['exchange_ok']}", flush=True)
+              + " ".join(f"{r['variant']}={float(r.get('time_ns') or 'nan') / 1e3:.0f}us" for r in rows), flush=True)
     return out / "ulysses.csv"
 
 
@@ -317,40 +340,45 @@ def sass_summary(kernel) -> str:
     return " ".join(parts)
 
 
+def _num(row, col="time_ns") -> float:
+    try:
+        return float(row[col]) if row and row.get(col) not in (None, "") else float("nan")
+    except ValueError:
+        return float("nan")
+
+
+def grid_table(rows: list[dict]) -> list[dict]:
+    """One line per configuration: every variant's time (us) and the ratios the targets name."""
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        key = (int(r["heads"]), int(r["dim"]), int(r["tokens"]), int(r["P"]), r["path"])
+        by_key.setdefault(key, {})[r["variant"]] = r
+    table = []
+    for (H, D, T, P, path), v in sorted(by_key.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1], kv[0][3])):
+        line = {"heads x dim": f"{H}x{D}", "tokens": T, "P": P, "path": path}
+        attn = min(_num(v.get(c)) for c in CORES)
+        serial = min(_num(v.get(c)) for c in ("serial:triton", "serial:cudnn"))
+        for name, row in v.items():
+            line[f"{name} us"] = _num(row) / 1e3
+        if "auto" in v:
+            line["auto runs"] = v["auto"].get("exchange", "")
+            line["best serial / auto"] = serial / _num(v["auto"])
+            line["auto / attention"] = _num(v["auto"]) / attn
+        line["ok"] = all(str(r.get("exchange_ok", "")) in ("", "1") for r in v.values())
+        table.append(line)
+    return table
+
+
 def write_report(out_dir) -> Path:
     """summary.md and plots from `ulysses.csv` (and `core.csv` when present)."""
-
     out = Path(out_dir)
     if not (out / "ulysses.csv").exists() and not (out / "core.csv").exists():
         raise InputError(f"--out {out}: has neither ulysses.csv nor core.csv; run the grid first")
     rows = read_rows(out / "ulysses.csv") if (out / "ulysses.csv").exists() else []
-    by_key: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        by_key.setdefault((r["heads"], r["dim"], r["tokens"], r["P"], r["path"]), {})[r["variant"]] = r
-    table = []
-    for (H, D, T, P, path), v in sorted(by_key.items(), key=lambda kv: tuple(int(x) for x in kv[0][:4])):
-        f, a, s, c = (v.get(n) for n in ("fused", "attention", "serial_triton", "serial_cudnn"))
-        if not (f and a and s and f.get("sender_ns")):
-            continue
-
-        def num(row, col):
-            try:
-                return float(row[col]) if row and row.get(col) not in (None, "") else float("nan")
-            except ValueError:
-                return float("nan")
-
-        fs, fr, at, st, ct = (num(f, "sender_ns"), num(f, "receiver_ns"), num(a, "sender_ns"),
-                              num(s, "sender_ns"), num(c, "sender_ns"))
-        pred = predicted_exchange_ns(f, at)
-        table.append({"heads x dim": f"{H}x{D}", "tokens": int(T), "P": int(P), "path": path,
-                      "attn_us": at / 1e3, "fused_send_us": fs / 1e3, "fused_recv_us": fr / 1e3,
-                      "serial_us": st / 1e3, "serial_cudnn_us": ct / 1e3,
-                      "serial/fused": st / fr, "fused/attn": fr / at,
-                      "exchange_meas_us": (fr - at) / 1e3, "exchange_model_us": pred / 1e3,
-                      "fused_TFLOPs": num(f, "tflops"), "ok": f["exchange_ok"]})
+    table = grid_table(rows)
     core = out / "core.csv"
     crows = read_rows(core) if core.exists() else []
-    lines = ["# Ulysses attention: fused exchange vs serial (one GPU, loopback)", ""]
+    lines = ["# Ulysses attention: every exchange vs attention alone (one GPU, loopback)", ""]
     for label, src in (("Grid", rows), ("Attention core", crows)):
         if src:
             env = src[0]
@@ -358,22 +386,22 @@ def write_report(out_dir) -> Path:
                       f"triton {env.get('triton')}, commit {env.get('git_commit')}, {env.get('date')}.", ""]
     if not rows:
         lines += ["The loopback grid has not been run yet (no `ulysses.csv`).", ""]
-    if rows:
+    if table:
+        cols = list(dict.fromkeys(c for t in table for c in t))
         lines += ["Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
-                  "batch 1. Times are medians of CUDA-event timed runs. `serial/fused` uses the fused "
-                  "receiver-visible time; `exchange_meas` = fused receiver-visible - attention alone; "
-                  "`exchange_model` = Burst-Gap prediction of the exchange's exposed cost ('-' where no "
-                  "model profile was available). `ok` = every destination received exactly the attention "
-                  "output.", "",
-                  markdown_table(table, list(table[0]) if table else ["tokens"], floatfmt=".3g"), ""]
-        if table:
-            for key, ylabel, png in (("serial/fused", "serial / fused (receiver-visible)", "speedup.png"),
-                                     ("fused/attn", "fused / attention alone", "overhead.png")):
-                pts = [{**t, "shape": t["heads x dim"], key: t[key]} for t in table]
+                  "batch 1. Medians of CUDA-graph replays, the variants taking turns; every exchange is timed "
+                  "until every destination holds its rows. `best serial` is the faster of `serial:triton` and "
+                  "`serial:cudnn`, `attention` the faster core alone, both from the same run. `auto runs`: "
+                  "the exchange the planner picked. `ok`: every destination received the attention output "
+                  f"(max error <= {MAX_ERR} of its largest value).", "",
+                  markdown_table(table, cols, floatfmt=".4g"), ""]
+        for key, ylabel, png in (("best serial / auto", "best serial / auto", "speedup.png"),
+                                 ("auto / attention", "auto / attention alone", "overhead.png")):
+            pts = [{**t, "shape": t["heads x dim"]} for t in table if key in t]
+            if pts:
                 plot_lines(pts, "tokens", key, ["shape", "P"], out / png, logx=True, ylabel=ylabel, hline=1.0,
-                           title=f"Ulysses fused exchange: {ylabel}")
-                lines.append(f"![{ylabel}]({png})")
-            lines.append("")
+                           title=f"Ulysses exchange: {ylabel}")
+                lines += [f"![{ylabel}]({png})", ""]
     if crows:
         crow = [{**r, **{c: float(r[c]) for c in ("tflops", "ratio_vs_cudnn", "rel_err") if r.get(c)}}
                 for r in crows]
@@ -391,32 +419,11 @@ def write_report(out_dir) -> Path:
     return path
 
 
-def predicted_exchange_ns(fused: dict, attention_ns: float) -> float:
-    """Burst-Gap prediction of the fused exchange's receiver-visible cost beyond attention alone.
-
-    Each of `grid` programs computes `ceil` or `floor(tiles / grid)` tiles; after each tile's
-    compute (the gap, attention time / tiles per program) it stores the tile's remote share
-    (`tile_bytes` x remote rows / all rows) into the path. The model's event simulator plays these
-    bursts through the path profile; the prediction is the completion time of the last byte minus
-    the compute alone. NaN where `xstage.model` has no profile for the path."""
-    try:
-
-        params = load_default_profile(fused["path"]).params
-    except Exception:  # no model or no profile for this path: the summary prints '-'
-        return float("nan")
-    grid, tiles = int(fused["grid"]), int(fused["tiles"])
-    per_prog = math.ceil(tiles / grid)
-    gap = attention_ns / per_prog
-    burst = float(fused["remote_bytes"]) / tiles
-    n_hi = tiles - (per_prog - 1) * grid  # programs that run the extra tile
-    programs = [[(burst, gap)] * per_prog]
-    mult = [n_hi]
-    if per_prog > 1 and grid > n_hi:
-        programs.append([(burst, gap)] * (per_prog - 1))
-        mult.append(grid - n_hi)
-    res = simulate_bursts(params, programs, start_ns=[gap] * len(programs), multiplicity=mult)
-    done = max(float(c[-1]) for c in res.completion_ns if len(c))
-    return max(0.0, done - per_prog * gap)
+def _variant_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise InputError(f"--exchange {text!r}: expected a comma-separated list, e.g. attention:triton,serial:cudnn")
+    return check_variants(names)
 
 
 def _handler(args) -> int:
@@ -439,7 +446,7 @@ def _handler(args) -> int:
         run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
     elif not args.summarize_only:
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
-                 max_seconds=args.budget_s, flash_cfg=fc, paced=not args.burst)
+                 max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid)
     summary = write_report(args.out)
 
     emit({"summary": str(summary)}, args.json, summary.read_text())
@@ -455,8 +462,13 @@ def register_bench(grids) -> None:
                    help="measure the attention core vs cuDNN SDPA instead of the grid (16K tokens 24x128, 17776 "
                    "tokens 30x64; default: the grid)")
     p.add_argument("--core-shapes", default=None, help="with --core: TOKENSxHEADSxDIM[,...] (default both)")
-    p.add_argument("--burst", action="store_true",
-                   help="fused rows with the burst epilogue (whole tiles stored at once; default: the paced one)")
+    p.add_argument("--exchange", type=_variant_list, default=VARIANTS, metavar="X1,X2",
+                   help="comma-separated variants: attention:triton, attention:cudnn and exchange spellings "
+                   "(serial[:CORE], overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]], auto) "
+                   f"(default {','.join(VARIANTS)})")
+    p.add_argument("--grid", choices=("main", "calibration"), default="main",
+                   help="main: the 54 configurations; calibration: the planner's calibration shapes "
+                   "(default %(default)s)")
     p.add_argument("--tuned-from", action="append", default=None,
                    help="core.csv (repeatable): use the fastest configuration per head dim (default: the kernel's)")
     p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M, rows per query tile, "

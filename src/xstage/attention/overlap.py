@@ -1,0 +1,180 @@
+"""The `overlap` and `serial` exchanges: attention by any core, the rows moved by the copy engine.
+
+`overlap` cuts the gathered sequence into blocks of query rows and runs attention block by block.
+When a block is done its completion flag is raised (a CUDA event on the compute stream) and a
+second stream waits for that flag and has the copy engine send the block's rows to the ranks that
+own them, while the SMs compute the next block: no SM spends a cycle on stores, and the attention
+core can be the Triton kernel or cuDNN. The blocks run in a rotated order, the rows of the ranks
+after this one first and this rank's own rows last, so that the last remote copy hides behind the
+own rows' compute (which needs no copy).
+
+Where rows go: rank p keeps, for every source s, a contiguous region `[S_p, B, h_s, D]` of its
+staging buffer at element offset `B * S_p * head0[s] * D` (the layout an all-to-all delivers), so
+that any run of a block's rows for p is one contiguous copy. After the last copy, a group's ranks
+pass a device barrier (bounded by the context's watchdog) and each moves its regions into its
+output; a loopback group does that for its stand-in ranks when asked (`unpack`).
+
+On a machine without a GPU the blocks run one after another and the host issues each block's
+copies right after its flag; `on_send(block, dest, row_start, row_end)` sees every copy in issue
+order (the tests check that each remote row is sent once, in flag order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xstage.attention.exchange import Exchange
+from xstage.attention.flash import FlashConfig, flash_attention
+from xstage.attention.layout import UlyssesPlan
+from xstage.errors import InputError
+
+_COPY_STREAMS: dict = {}
+
+
+def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tuple[int, int]]]:
+    """Row ranges of the gathered sequence, block by block, in the order `overlap` computes them.
+
+    The remote rows (those after this rank's, then those before, i.e. the sequence rotated to start
+    after this rank's rows) are cut into `blocks - 1` blocks of nearly equal size, each a multiple
+    of `block_m` rows where it can be, so that no query tile is split; the last block holds this
+    rank's own rows. A block may wrap around the end of the sequence, and then has two ranges."""
+    if blocks < 2:
+        raise InputError(f"blocks={blocks}: overlap needs at least 2 (the remote rows, then the own rows)")
+    S, r = plan.seq_total, plan.rank
+    a, b = plan.tok0[r], plan.tok0[r + 1]
+    remote = S - (b - a)
+    n_remote = blocks - 1
+    tiles = -(-remote // block_m)
+    n_remote = max(1, min(n_remote, tiles))
+    cuts = [min(remote, (tiles * i // n_remote) * block_m) for i in range(n_remote + 1)] if tiles else [0]
+    out: list[list[tuple[int, int]]] = []
+    for x0, x1 in zip(cuts, cuts[1:]):
+        lo, hi = b + x0, b + x1  # rotated: row b + x, past the end wrapping to the start
+        if hi <= lo:
+            continue
+        if hi <= S:
+            out.append([(lo, hi)])
+        elif lo >= S:
+            out.append([(lo - S, hi - S)])
+        else:
+            out.append([(lo, S), (0, hi - S)])
+    if b > a:
+        out.append([(a, b)])
+    return out
+
+
+def default_blocks(plan: UlyssesPlan) -> int:
+    """Blocks of `overlap` when the spelling names none: the remote rows in one block, then the own
+    rows (the least compute split; the planner picks more where the last copy would show)."""
+    return 2
+
+
+def attend(core: str, q, k, v, out, *, softmax_scale=None, config: FlashConfig | None = None) -> None:
+    """Attention of `q` against `k`, `v` (`[B, S, h, D]` views) written into `out` (same shape as q)."""
+    if core == "triton":
+        flash_attention(q, k, v, softmax_scale=softmax_scale, out=out, config=config)
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if q.is_cuda:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            res = sdpa(*args, scale=softmax_scale)
+    else:
+        # no cuDNN without a GPU: torch's own SDPA stands in so that the logic runs on CPU
+        res = sdpa(*(t.float() for t in args), scale=softmax_scale).to(q.dtype)
+    out.copy_(res.transpose(1, 2))
+
+
+def stage_offset(plan: UlyssesPlan, dest: int, source: int) -> int:
+    """Element offset of source `source`'s region in rank `dest`'s staging buffer."""
+    return plan.batch * plan.seq_lens[dest] * plan.head0[source] * plan.head_dim
+
+
+def _row_elems(plan: UlyssesPlan) -> int:
+    return plan.batch * plan.heads_of(plan.rank) * plan.head_dim
+
+
+def send_rows(plan: UlyssesPlan, og_seq: torch.Tensor, stage_peers, row_lo: int, row_hi: int,
+              on_send=None, block: int = -1) -> None:
+    """Copy gathered rows `[row_lo, row_hi)` of `og_seq` (`[S, B, h_r, D]`, contiguous) into the
+    staging regions of the remote ranks that own them (one contiguous copy per owner)."""
+    r, tok0, n = plan.rank, plan.tok0, _row_elems(plan)
+    for p in range(plan.world):
+        lo, hi = max(row_lo, tok0[p]), min(row_hi, tok0[p + 1])
+        if p == r or hi <= lo:
+            continue
+        off = stage_offset(plan, p, r) + (lo - tok0[p]) * n
+        dst = stage_peers[p].view(-1)[off:off + (hi - lo) * n]
+        dst.copy_(og_seq[lo:hi].reshape(-1), non_blocking=True)
+        if on_send is not None:
+            on_send(block, p, lo, hi)
+
+
+def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor, sources) -> None:
+    """Move the regions of `sources` from this rank's staging buffer into `out` `[B, S_r, H, D]`."""
+    r, B, D = plan.rank, plan.batch, plan.head_dim
+    S_r = plan.seq_lens[r]
+    flat = stage_local.view(-1)
+    for s in sources:
+        h = plan.heads_of(s)
+        if h == 0 or S_r == 0:
+            continue
+        off = stage_offset(plan, r, s)
+        region = flat[off:off + S_r * B * h * D].view(S_r, B, h, D)
+        out[:, :, plan.head0[s]:plan.head0[s + 1]].copy_(region.transpose(0, 1))
+
+
+def _copy_stream(device: torch.device):
+    if device not in _COPY_STREAMS:
+        _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    return _COPY_STREAMS[device]
+
+
+def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
+                stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None) -> None:
+    """Attention of this rank's heads block by block into `og` (`[B, S, h_r, D]`, a view of a
+    sequence-major buffer), each finished block's remote rows copied by the copy engine into
+    `stage_peers` while the next block computes, and the own rows into `own_out` (`[B, S_r, h_r, D]`).
+    Returns when every copy is ordered before the caller's next work on the current stream."""
+    og_seq = og.transpose(0, 1)
+    if not og_seq.is_contiguous():
+        raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
+    cfg = config
+    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), cfg.block_m if cfg else 128)
+    compute = torch.cuda.current_stream(og.device) if og.is_cuda else None
+    copier = _copy_stream(og.device) if og.is_cuda else None
+    if copier is not None:
+        copier.wait_stream(compute)  # the copies may not start before the inputs of this call exist
+    a, b = plan.tok0[plan.rank], plan.tok0[plan.rank + 1]
+    for i, ranges in enumerate(blocks):
+        for lo, hi in ranges:
+            attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
+        if copier is None:
+            for lo, hi in ranges:
+                send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
+            continue
+        flag = torch.cuda.Event()
+        flag.record(compute)
+        copier.wait_event(flag)
+        with torch.cuda.stream(copier):
+            for lo, hi in ranges:
+                send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
+    if b > a:
+        own_out.copy_(og[:, a:b])
+    if copier is not None:
+        compute.wait_stream(copier)
+
+
+def run_serial_copies(plan: UlyssesPlan, og: torch.Tensor, own_out: torch.Tensor, stage_peers) -> None:
+    """The serial exchange by the copy engine (a loopback group): every remote rank's rows in one copy."""
+    og_seq = og.transpose(0, 1)
+    send_rows(plan, og_seq, stage_peers, 0, plan.seq_total)
+    a, b = plan.tok0[plan.rank], plan.tok0[plan.rank + 1]
+    if b > a:
+        own_out.copy_(og[:, a:b])
+
+
+__all__ = ["attend", "default_blocks", "overlap_blocks", "run_overlap", "run_serial_copies", "send_rows",
+           "stage_offset", "unpack_stage"]
