@@ -65,11 +65,11 @@ COLUMNS = [
     "tiles", "tiles_per_prog", "time_ns", "p10_ns", "p90_ns", "ratio_vs_attention", "traced_ns",
     "tile_ns_med", "loop_ns_med", "epilogue_ns_med", "gap_ns_med", "send_share", "send_ns_per_chunk",
     "chunks_in_loop", "chunks_after", "tail_ns_med", "end_spread_ns", "launch_skew_ns", "span_ns",
-    "distinct_sms", "n_regs", "n_spills", "ptx_clock_reads", "exchange_ok", "error",
+    "distinct_sms", "n_regs", "n_spills", "ptx_clock_reads", "traced_regs", "traced_spills", "exchange_ok", "error",
 ]
 ENV_COLUMNS = ["git_commit", "gpu", "torch", "triton", "date"]
-PRINT_COLUMNS = ["tokens", "P", "shape", "variant", "path", "time_ms", "x_attn", "loop_us", "epi_us", "send_share",
-                 "end_spread_us", "tail_us", "regs", "spills", "clocks"]
+PRINT_COLUMNS = ["tokens", "P", "shape", "variant", "path", "time_ms", "x_attn", "traced_ms", "loop_us", "epi_us",
+                 "send_share", "end_spread_us", "tail_us", "regs", "spills", "traced_regs", "clocks"]
 
 
 def trace_stats(trace: torch.Tensor, n_tiles: int) -> dict:
@@ -222,7 +222,7 @@ def measure(cfg: dict, *, device: torch.device, dtype=torch.bfloat16, flash_cfg=
 
                 trace = trace_buffer(qg, fc)
                 if variant == "attention:traced":
-                    timing = _timed(lambda: launch(trace), settle, warmup, rep)
+                    timing = _timed(lambda _t=trace: launch(_t), settle, warmup, rep)
                     traced_ns = timing.median_ns
                 else:
                     timing = _timed(launch, settle, warmup, rep)
@@ -239,8 +239,10 @@ def measure(cfg: dict, *, device: torch.device, dtype=torch.bfloat16, flash_cfg=
                     row["exchange_ok"] = int(ok)
                 if variant == "attention":
                     attention_ns = timing.median_ns
+                traced_kernel = kernel_info(launched[-1])
                 row.update(time_ns=timing.median_ns, p10_ns=timing.p10_ns, p90_ns=timing.p90_ns,
                            ratio_vs_attention=timing.median_ns / attention_ns, traced_ns=traced_ns,
+                           traced_regs=traced_kernel["n_regs"], traced_spills=traced_kernel["n_spills"],
                            **trace_stats(trace, n_tiles), **kernel_info(launched[0]))
             except Exception as e:  # one failing variant (a timeout, a compile error) is a result too
                 row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
@@ -312,9 +314,11 @@ def _short(rows: list[dict]) -> list[dict]:
     for r in rows:
         out.append({"tokens": r["tokens"], "P": r["P"], "shape": f"{r['heads']}x{r['dim']}", "variant": r["variant"],
                     "path": r["path"], "time_ms": us(r, "time_ns") / 1e3, "x_attn": r.get("ratio_vs_attention", "-"),
+                    "traced_ms": us(r, "traced_ns") / 1e3,
                     "loop_us": us(r, "loop_ns_med"), "epi_us": us(r, "epilogue_ns_med"),
                     "send_share": r.get("send_share", "-"), "end_spread_us": us(r, "end_spread_ns"),
                     "tail_us": us(r, "tail_ns_med"), "regs": r.get("n_regs", "-"), "spills": r.get("n_spills", "-"),
+                    "traced_regs": r.get("traced_regs", "-"),
                     "clocks": r.get("ptx_clock_reads", "-") if not r.get("error") else r["error"][:40]})
     return out
 
@@ -331,11 +335,14 @@ def write_outputs(rows: list[dict], out: Path, env: dict | None = None) -> str:
         "# Fused Ulysses kernel: where the time goes (kernel trace)", "",
         f"Machine: {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, commit "
         f"{env.get('git_commit')}, {env.get('date')}. Rank 0 of a loopback group of P, batch 1.", "",
-        "`time_ms`: median kernel time untraced (`attention:traced`: traced); `x_attn`: over `attention`. From "
-        "one traced run: `loop_us` / `epi_us` medians per tile of key loop and epilogue; `send_share`: share "
+        "`time_ms`: median kernel time untraced (`attention:traced`: traced); `x_attn`: over `attention`; "
+        "`traced_ms`: the traced build's time (the trace changes the compiled kernel: compare the two before "
+        "reading its numbers as the untraced kernel's). From that traced run: `loop_us` / `epi_us` medians "
+        "per tile of key loop and epilogue; `send_share`: share "
         "of key-loop time inside paced sends; `end_spread_us`: median over rounds of the p90 - p10 spread of "
         "the programs' tile end times; `tail_us`: median after-loop sends and signals; `regs` / `spills` of "
-        "the compiled kernel; `clocks`: clock reads in its PTX (0 expected untraced). Every column is in "
+        "the compiled kernel (`traced_regs`: of its traced build); `clocks`: clock reads in its PTX (0 expected "
+        "untraced). Every column is in "
         "`trace_summary.csv`.", "",
         short, "",
     ]

@@ -143,13 +143,11 @@ def _attn_fwd_kernel(
     prev_h = tl.full([], 0, tl.int64)
     for tile in range(pid, n_tiles, n_progs):
         if TRACE:
-            # Each timestamp is stored as soon as it is read, and the row's address is recomputed at
-            # each store: nothing of the trace stays live across the key loop (only the paced sends'
-            # two int32 sums), so the traced kernel keeps the untraced one's registers and schedule
-            # as far as it can.
+            # Each timestamp is stored as soon as it is read, the paced sends add to their row with
+            # atomics (the host zeroed it), and the row's address is recomputed at each use: nothing
+            # of the trace stays live across the key loop, so the traced kernel keeps the untraced
+            # one's registers and schedule as far as it can.
             tl.store(_trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs) + 0, globaltimer(USE_PTX))
-            send_ns = tl.zeros([], tl.int32)
-            n_sent = tl.zeros([], tl.int32)
         i_b, i_h, i_m = _tile_coords(tile, n_m, H)
         i_b = i_b.to(tl.int64)
         i_h = i_h.to(tl.int64)
@@ -187,8 +185,10 @@ def _attn_fwd_kernel(
                     _send_chunk(p_slot, p_o, i_blk // pace, prev_m0, S_q, prev_b, prev_h, p_dst_tab, p_dst_row0,
                                 d_sb, d_ss, d_sh, head_off, HEAD_DIM, CHUNK_ROWS)
                     if TRACE:
-                        send_ns += (globaltimer(USE_PTX) - t_send).to(tl.int32)
-                        n_sent += (prev_m0 + (i_blk // pace) * CHUNK_ROWS < S_q).to(tl.int32)
+                        p_row = _trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs)
+                        tl.atomic_add(p_row + 3, globaltimer(USE_PTX) - t_send, sem="relaxed")
+                        tl.atomic_add(p_row + 4, (prev_m0 + (i_blk // pace) * CHUNK_ROWS < S_q).to(tl.int64),
+                                      sem="relaxed")
             if USE_TMA:
                 b_k = k.load([k_row0 + start_n, k_col])  # [BN, D]
                 b_v = v.load([v_row0 + start_n, v_col])
@@ -239,7 +239,7 @@ def _attn_fwd_kernel(
             p_out = p_o + i_b * s_ob + i_h * s_oh + o_s.to(tl.int64)[:, None] * s_os + o_d[None, :]
             tl.store(p_out, b_o, mask=(o_s < S_q)[:, None])
         if TRACE:
-            _trace_end(_trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs), send_ns, n_sent, USE_PTX)
+            _trace_end(_trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs), USE_PTX)
     if TRACE:
         # the last row: the sends and signals after the tile loop
         t_start = globaltimer(USE_PTX)
@@ -264,7 +264,9 @@ def _attn_fwd_kernel(
         p_row = _trace_row_ptr(p_trace, pid, pid + tl.cdiv(n_tiles, n_progs) * n_progs, n_tiles, n_progs)
         tl.store(p_row + 0, t_start)
         tl.store(p_row + 1, t_sent)
-        _trace_end(p_row, send_ns, n_sent, USE_PTX)
+        tl.store(p_row + 3, send_ns.to(tl.int64))
+        tl.store(p_row + 4, n_sent.to(tl.int64))
+        _trace_end(p_row, USE_PTX)
 
 
 @triton.jit
@@ -275,11 +277,9 @@ def _trace_row_ptr(p_trace, pid, tile, n_tiles, n_progs):
 
 
 @triton.jit
-def _trace_end(p_row, send_ns, n_sent, USE_PTX: tl.constexpr):
-    # TRACE_END, TRACE_SEND_NS, TRACE_CHUNKS, TRACE_SM
+def _trace_end(p_row, USE_PTX: tl.constexpr):
+    # TRACE_END, TRACE_SM
     tl.store(p_row + 2, globaltimer(USE_PTX))
-    tl.store(p_row + 3, send_ns.to(tl.int64))
-    tl.store(p_row + 4, n_sent.to(tl.int64))
     tl.store(p_row + 5, smid(USE_PTX).to(tl.int64))
 
 
@@ -445,13 +445,15 @@ def trace_buffer(q: torch.Tensor, config: FlashConfig | None = None) -> torch.Te
     `[programs, tiles_per_program + 1, TRACE_FIELDS]` on q's device (`launch_grid` gives both sizes).
 
     Row j < tiles_per_program of program i describes its j-th tile (tile `i + j * programs`; rows of
-    tiles a program does not have stay 0). Fields, all from `%globaltimer` (ns, comparable across SMs):
+    tiles a program does not have stay 0: `flash_attention` zeroes the trace before it launches).
+    Fields, all times from `%globaltimer` (ns, comparable across SMs):
     `TRACE_START` the tile's start; `TRACE_LOOP_END` its key loop's end (after the masked tail block and
     the normalisation); `TRACE_END` its epilogue's end (the store, or the staging write and the
     previous tile's remaining chunks and signals, or the burst's stores and signals: store issue, not
-    landing); `TRACE_SEND_NS` the sum of the durations of the paced sends (of the previous tile's
-    chunks) inside its key loop; `TRACE_CHUNKS` how many chunks those sends carried (chunks past the
-    sequence's end, which send nothing, are not counted); `TRACE_SM` the SM it ran on.
+    landing); `TRACE_SEND_NS` the summed time that the paced sends (of the previous tile's chunks)
+    inside its key loop took to issue (a store returns before it lands); `TRACE_CHUNKS` how many
+    chunks those sends carried (chunks past the sequence's end, which send nothing, are not
+    counted); `TRACE_SM` the SM it ran on.
     The last row (index tiles_per_program) holds what the program does after its tile loop (the paced
     exchange's last tile: all its chunks, then its signals; the burst exchange: its last signals):
     `TRACE_START` when it began, `TRACE_LOOP_END` when the last chunk was sent (= start without
@@ -494,8 +496,8 @@ def flash_attention(
     ranks' buffers instead of `out` (then `out` is this rank's own output buffer and is returned).
     `launched` (a list, optional) receives the compiled kernel of this call (None in the interpreter
     or when nothing is launched): its `.asm` holds the PTX and cubin Triton chose. `trace` (int64,
-    optional, from `trace_buffer`) receives per-tile timestamps; the kernel traced is a separate
-    compilation (without `trace` no timer is read).
+    optional, from `trace_buffer`; zeroed here first) receives per-tile timestamps; the kernel traced
+    is a separate compilation (without `trace` no timer is read).
 
     Example:
         >>> q = k = v = torch.randn(2, 100, 4, 32, dtype=torch.float16)
@@ -530,6 +532,7 @@ def flash_attention(
             raise InputError(f"trace: expected a contiguous int64 tensor of shape {list(want)} on {q.device} "
                              f"(see trace_buffer), got {getattr(trace, 'dtype', type(trace))} "
                              f"{list(getattr(trace, 'shape', []))} on {getattr(trace, 'device', '-')}")
+        trace.zero_()  # the paced sends add to their rows
     if S_q == 0 or B == 0 or H == 0:
         if launched is not None:
             launched.append(None)

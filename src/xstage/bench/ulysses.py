@@ -65,7 +65,7 @@ VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
                          "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",
-                         "exchange_ok"]
+                         "exchange_ok", "timed"]
 CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n", "num_warps", "num_stages",
                 "ctas_per_sm", "tma", "time_ns", "tflops", "ratio_vs_cudnn", "rel_err", "sass"]
 MAX_ERR = 2e-2  # bf16 outputs of two attention cores differ by a few ulps of their largest value
@@ -116,8 +116,9 @@ def check_variants(variants) -> list[str]:
 
 
 def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None,
-                   variants=VARIANTS) -> list[dict]:
-    """Rows for every variant of one configuration (rank `rank` of a loopback group of P)."""
+                   variants=VARIANTS, graphs: bool = True) -> list[dict]:
+    """Rows for every variant of one configuration (rank `rank` of a loopback group of P); `graphs`:
+    time CUDA-graph replays (a variant that cannot be captured is timed eagerly, `timed` says so)."""
     H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
     dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.bfloat16
@@ -183,7 +184,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
             err = max(err, float("inf") if got.isnan().any() else (got - reference[:, rows].float()).abs().max().item())
         return err / ref_max
 
-    fns, errs, resolved = {}, {}, {}
+    fns, errs, resolved, timed = {}, {}, {}, {}
     for name in variants:
         resolved[name] = str(resolve_auto(plan, dtype, path, dev)) if name == "auto" else name
         fn = runner(name)
@@ -192,9 +193,20 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
                 t.fill_(float("nan"))
             fn()
             errs[name] = "" if name in CORES else delivered_error(name)
-            fns[name] = graphed(fn)
         except RuntimeError as e:  # cuDNN may refuse a layout: the row says so instead of the grid dying
             errs[name] = f"error: {str(e)[:80]}"
+            print(f"  {name}: {errs[name]}", flush=True)
+            continue
+        fns[name], timed[name] = fn, "eager"
+        if graphs:
+            try:
+                replay = graphed(fn)
+                replay()
+                torch.cuda.synchronize()
+                fns[name], timed[name] = replay, "graph"
+            except RuntimeError as e:  # timed eagerly instead; the `timed` column says so
+                print(f"  {name}: no CUDA graph ({str(e)[:120]}); timed eagerly", flush=True)
+                torch.cuda.synchronize()
     timings = time_interleaved(fns, warmup=warmup, rep=rep)
     ctx.check()
     rows = []
@@ -207,7 +219,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
         t = timings[name]
         ok = "" if err == "" else int(err <= MAX_ERR)
         rows.append({**row, "time_ns": t.median_ns, "p10_ns": t.p10_ns, "p90_ns": t.p90_ns,
-                     "tflops": flops / t.median_ns / 1e3, "max_err": err, "exchange_ok": ok})
+                     "tflops": flops / t.median_ns / 1e3, "max_err": err, "exchange_ok": ok, "timed": timed[name]})
     ctx.close()
     return rows
 
@@ -227,7 +239,7 @@ def tuned_configs(*core_csvs) -> dict:
 
 
 def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None,
-             variants=VARIANTS, grid="main") -> Path:
+             variants=VARIANTS, grid="main", graphs=True) -> Path:
     """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
     `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim;
     `grid`: "main" (the 54 configurations) or "calibration" (the planner's calibration shapes)."""
@@ -244,7 +256,8 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
             print(f"bench ulysses: stopping after {max_seconds} s; run again to resume")
             break
         fc = flash_cfg.get(cfg["dim"]) if isinstance(flash_cfg, dict) else flash_cfg
-        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, variants=variants)
+        rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, variants=variants,
+                              graphs=graphs)
         for row in rows:
             if not writer.done(row):
                 writer.write(row)
@@ -446,7 +459,8 @@ def _handler(args) -> int:
         run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
     elif not args.summarize_only:
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
-                 max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid)
+                 max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid,
+                 graphs=not args.eager)
     summary = write_report(args.out)
 
     emit({"summary": str(summary)}, args.json, summary.read_text())
@@ -466,6 +480,7 @@ def register_bench(grids) -> None:
                    help="comma-separated variants: attention:triton, attention:cudnn and exchange spellings "
                    "(serial[:CORE], overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]], auto) "
                    f"(default {','.join(VARIANTS)})")
+    p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
     p.add_argument("--grid", choices=("main", "calibration"), default="main",
                    help="main: the 54 configurations; calibration: the planner's calibration shapes "
                    "(default %(default)s)")
