@@ -45,17 +45,17 @@ def _worker(rank, world, port, use_gpu, dtype, results):
                 shards.append([torch.randn(B, seq[p], H, D, generator=g).to(dtype) for _ in range(3)])
             refs = ulysses_reference(*[[s[i] for s in shards] for i in range(3)])
             q, k, v = (t.to(device) for t in shards[rank])
-            for mode in ("fused", "serial"):
-                if mode == "fused":
+            for exchange in ("stores", "serial", "serial:cudnn", "overlap", "overlap:cudnn:3"):
+                if exchange == "stores":
                     bm = 32 if not use_gpu else 128
                     plan = UlyssesPlan(world, rank, B, seq, H, D)
                     fused_state(_group_context(dist.group.WORLD), plan, dtype, bm).out.local.fill_(float("nan"))
                     dist.barrier()
                 # the token counts are gathered from the group when not given
-                out = ulysses_attention(q, k, v, mode=mode, seq_lens=seq if mode == "fused" else None)
+                out = ulysses_attention(q, k, v, exchange=exchange, seq_lens=seq if exchange != "serial" else None)
                 err = ((out.double().cpu() - refs[rank]).abs().max() / refs[rank].abs().max()).item()
                 if not err <= TOL[dtype]:
-                    failures.append(f"rank {rank} H={H} seq={seq} {mode}: relative error {err}")
+                    failures.append(f"rank {rank} H={H} seq={seq} {exchange}: relative error {err}")
         # a rank that never stores its tiles: the others must time out with a clear error
         H, seq, B, D = 4, [32] * world, 1, 64 if use_gpu else 32
         plan = UlyssesPlan(world, rank, B, seq, H, D)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from xstage.attention.ulysses import MODES, ulysses_attention
+from xstage.attention.exchange import parse_exchange
+from xstage.attention.ulysses import ulysses_attention
 from xstage.errors import InputError
 
 _COMMS: dict[str, object] = {}
@@ -36,21 +37,20 @@ def register_comm(name: str, ctx) -> str:
 
 @torch.library.custom_op("xstage::ulysses_attention", mutates_args=())
 def ulysses_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group_name: str,
-                         softmax_scale: float | None = None, mode: str = "fused") -> torch.Tensor:
-    if mode not in MODES:
-        raise InputError(f"mode {mode!r}: must be one of {MODES}")
+                         softmax_scale: float | None = None, exchange: str = "auto") -> torch.Tensor:
+    parse_exchange(exchange)  # a bad spelling is one clear line before anything runs
     comm = _COMMS.get(group_name)
     if comm is not None:
-        return ulysses_attention(q, k, v, comm=comm, softmax_scale=softmax_scale, mode=mode)
+        return ulysses_attention(q, k, v, comm=comm, softmax_scale=softmax_scale, exchange=exchange)
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     try:
         group = _resolve_process_group(group_name)
     except Exception as e:  # unknown names surface as one clear line
         raise InputError(f"group_name {group_name!r}: neither a registered context nor a process group") from e
-    return ulysses_attention(q, k, v, group, softmax_scale=softmax_scale, mode=mode)
+    return ulysses_attention(q, k, v, group, softmax_scale=softmax_scale, exchange=exchange)
 
 
 @ulysses_attention_op.register_fake
-def _(q, k, v, group_name, softmax_scale=None, mode="fused"):
+def _(q, k, v, group_name, softmax_scale=None, exchange="auto"):
     return torch.empty_like(q)

@@ -13,8 +13,8 @@ Variants per configuration (`--exchange`, default `VARIANTS`), all on rank 0's s
   serial and overlap exchanges until the last copy has landed, the in-kernel ones until the
   counter wait for every destination returns;
 - `auto`: what the planner picks for the configuration (the `exchange` column names it).
-Every variant is captured in a CUDA graph (no host launch overhead) and the variants take turns
-replay by replay (`time_interleaved`). Each row has the median, p10 and p90 (ns), the TFLOP/s of
+Every variant is captured in a CUDA graph (no host launch overhead) and timed as its replays; the
+variants take turns in two blocks of replays each (`time_in_turns`). Each row has the median, p10 and p90 (ns), the TFLOP/s of
 the attention work and the largest error of what the destinations received against the Triton
 kernel's output, relative to its largest value (`max_err`).
 
@@ -50,7 +50,7 @@ from xstage.results.output import check_output_dir, emit
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
-from xstage.results.timing import time_device, time_interleaved
+from xstage.results.timing import time_device, time_in_turns
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
@@ -60,8 +60,8 @@ GRID_WORLDS = (2, 4, 8)
 CALIBRATION_SHAPES = ((16, 128), (32, 64))
 CALIBRATION_TOKENS = (6144, 24576, 57344)
 CORES = ("attention:triton", "attention:cudnn")
-VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:cudnn", "overlap:cudnn:4",
-                    "stores:paced", "stores:burst", "auto")
+VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:cudnn", "stores:paced",
+                    "stores:burst", "auto")
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
                          "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",
@@ -197,17 +197,10 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
             errs[name] = f"error: {str(e)[:80]}"
             print(f"  {name}: {errs[name]}", flush=True)
             continue
-        fns[name], timed[name] = fn, "eager"
-        if graphs:
-            try:
-                replay = graphed(fn)
-                replay()
-                torch.cuda.synchronize()
-                fns[name], timed[name] = replay, "graph"
-            except RuntimeError as e:  # timed eagerly instead; the `timed` column says so
-                print(f"  {name}: no CUDA graph ({str(e)[:120]}); timed eagerly", flush=True)
-                torch.cuda.synchronize()
-    timings = time_interleaved(fns, warmup=warmup, rep=rep)
+        fns[name] = fn
+        timed[name] = "graph" if graphs else "eager"
+    makers = {name: (lambda fn=fn: graphed(fn)) if graphs else (lambda fn=fn: fn) for name, fn in fns.items()}
+    timings = time_in_turns(makers, warmup=warmup, rep=rep, turns=2)
     ctx.check()
     rows = []
     for name in variants:
@@ -402,7 +395,7 @@ def write_report(out_dir) -> Path:
     if table:
         cols = list(dict.fromkeys(c for t in table for c in t))
         lines += ["Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
-                  "batch 1. Medians of CUDA-graph replays, the variants taking turns; every exchange is timed "
+                  "batch 1. Medians of CUDA-graph replays (`timed` column: graph, or eager calls), the variants taking turns in two blocks; every exchange is timed "
                   "until every destination holds its rows. `best serial` is the faster of `serial:triton` and "
                   "`serial:cudnn`, `attention` the faster core alone, both from the same run. `auto runs`: "
                   "the exchange the planner picked. `ok`: every destination received the attention output "

@@ -75,3 +75,29 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 2, r
             marks[name][1][i].record()
     synchronize()
     return {name: timing_summary([s.elapsed_time(e) * 1e6 for s, e in zip(*marks[name])]) for name in fns}
+
+
+def time_in_turns(makers: dict[str, Callable[[], Callable[[], object]]], *, warmup: int = 1, rep: int = 10,
+                  turns: int = 2) -> dict[str, Timing]:
+    """Median (p10, p90) of `rep` timed calls per name, the names taking turns in `turns` blocks of
+    `rep / turns` calls: in each turn `makers[name]()` builds the callable afresh (e.g. captures a
+    CUDA graph and returns its replay), which runs `warmup` times untimed and then the turn's timed
+    calls. Only one built callable is alive at a time (this GPU's CUDA graphs of these kernels stopped
+    replaying once several were held at once), and a drift over the run touches every name alike."""
+    samples: dict[str, list[float]] = {name: [] for name in makers}
+    per_turn = [rep // turns + (1 if t < rep % turns else 0) for t in range(turns)]
+    for n in per_turn:
+        for name, make in makers.items():
+            fn = make()
+            for _ in range(warmup):
+                fn()
+            synchronize()
+            starts, ends = events(n), events(n)
+            for i in range(n):
+                starts[i].record()
+                fn()
+                ends[i].record()
+            synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e6 for s, e in zip(starts, ends)]
+            del fn
+    return {name: timing_summary(s) for name, s in samples.items() if s}

@@ -1,0 +1,240 @@
+"""The Ulysses exchange planner: predicted time of every mechanism, from tile and copy costs.
+
+Problem: for one call shape (heads, head dim, tokens, group size, path, dtype), say what each
+exchange (`xstage.attention.exchange`) will cost beyond attention alone, fast enough to decide at
+the first call (`exchange="auto"`), and pick the fastest.
+
+Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `grid` programs):
+- attention on `rows` query rows with core c: `a_c + b_c * rounds * 4 * 128 * S * D`, where
+  `rounds = ceil(h * ceil(rows / 128) / grid)` (the kernels run 128-row query tiles, a wave of
+  `grid` at a time); `a_c`, `b_c` per core and head dim;
+- a copy-engine send of n bytes to the path: `x0 + n / rate` (after the Triton core; the cuDNN
+  core adds a `[B, h, S, D]` -> sequence-major copy, fitted in its own pair);
+- `serial`: attention, then one send of every remote row;
+- `overlap`: the blocks of `overlap_blocks`; block i computes after block i-1, its send starts when
+  both block i and send i-1 are done; the time is the later of the last compute and the last send;
+- `stores`: the Triton kernel with the exchange in its epilogue. Its key loop runs slower than
+  attention alone even on a link-free path (register pressure of the send code; see
+  `benchmarks/results/h200-ulysses-trace/`): a factor `1 + s` per head dim and pacing; the link
+  must still carry every remote byte at the path's drain rate, and the last round's rows drain
+  after the kernel.
+Every coefficient is fitted by least squares on a calibration grid (`xstage bench ulysses --grid
+calibration`: other head counts and sequence lengths than the grid the planner is judged on);
+the default fit is the H200 host-path calibration embedded in `xstage/data`.
+
+Example:
+    >>> from xstage.sched.exchange import default_exchange_costs, plan_exchange
+    >>> ranked = plan_exchange(24, 128, 32760, 8, default_exchange_costs())
+    >>> ranked[0].exchange in {r.exchange for r in ranked}
+    True
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+
+import numpy as np
+
+from xstage.attention.exchange import Exchange, parse_exchange
+from xstage.attention.layout import UlyssesPlan, split_sizes
+from xstage.attention.overlap import default_blocks, overlap_blocks
+from xstage.errors import InputError
+from xstage.results.io import read_rows
+
+BLOCK_M = 128
+CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:cudnn", "overlap:cudnn:3",
+              "overlap:cudnn:4", "stores:paced", "stores:burst")
+CALIBRATION_CSV = "h200-ulysses-calibration.csv"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    exchange: str
+    time_ns: float
+    attention_ns: float  # the same core's attention alone, predicted the same way
+
+    @property
+    def overhead_ns(self) -> float:
+        return self.time_ns - self.attention_ns
+
+
+@dataclass
+class ExchangeCosts:
+    """Fitted coefficients (ns, bytes/s); see the module docstring."""
+
+    attention: dict[tuple[str, int], tuple[float, float]]  # (core, D) -> (a_ns, ns per unit of rounds x work)
+    copy: dict[str, tuple[float, float]]  # core -> (x0_ns, bytes per second)
+    stores: dict[tuple[bool, int], float]  # (burst, D) -> slowdown s of the key loop
+    drain: float  # bytes per second the in-kernel stores drain at
+    grid: int = 132
+    source: str = ""
+    quality: dict = field(default_factory=dict)
+
+    def attention_ns(self, core: str, rows: int, heads: int, tokens: int, dim: int) -> float:
+        a, b = self._att(core, dim)
+        if rows <= 0:
+            return 0.0
+        rounds = math.ceil(heads * math.ceil(rows / BLOCK_M) / self.grid)
+        return a + b * rounds * 4.0 * BLOCK_M * tokens * dim
+
+    def _att(self, core: str, dim: int) -> tuple[float, float]:
+        if (core, dim) in self.attention:
+            return self.attention[(core, dim)]
+        dims = sorted(d for c, d in self.attention if c == core)
+        if not dims:
+            raise InputError(f"exchange costs: no attention costs for core {core!r}")
+        # per-FLOP cost of the nearest calibrated head dim (the work term carries D)
+        near = min(dims, key=lambda d: abs(math.log2(d / dim)))
+        return self.attention[(core, near)]
+
+    def copy_ns(self, core: str, nbytes: float) -> float:
+        x0, rate = self.copy[core]
+        return x0 + nbytes / rate if nbytes > 0 else 0.0
+
+
+def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
+    if ranks > heads:
+        raise InputError(f"ranks={ranks}: must be <= heads={heads}")
+    return UlyssesPlan(ranks, 0, 1, split_sizes(tokens, ranks), heads, dim)
+
+
+def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, costs: ExchangeCosts,
+            elem_bytes: int = 2) -> Prediction:
+    """Predicted receiver-visible time of exchange `ex` for rank 0 of `ranks`."""
+    ex = parse_exchange(ex)
+    if ex.mechanism in ("auto", "tma"):
+        raise InputError(f"exchange {str(ex)!r}: the planner predicts serial, overlap and stores only")
+    plan = _rank0(heads, dim, tokens, ranks)
+    h = plan.heads_of(0)
+    row_bytes = h * dim * elem_bytes
+    remote = (tokens - plan.seq_lens[0]) * row_bytes
+    core = "triton" if ex.in_kernel else ex.core
+    alone = costs.attention_ns(core, tokens, h, tokens, dim)
+    if ex.mechanism == "serial":
+        return Prediction(str(ex), alone + costs.copy_ns(core, remote), alone)
+    if ex.mechanism == "overlap":
+        t_comp = t_copy = 0.0
+        blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
+        own = (plan.tok0[0], plan.tok0[1])
+        for ranges in blocks:
+            rows = sum(hi - lo for lo, hi in ranges)
+            t_comp += sum(costs.attention_ns(core, hi - lo, h, tokens, dim) for lo, hi in ranges)
+            sent = sum(max(0, hi - lo) - max(0, min(hi, own[1]) - max(lo, own[0])) for lo, hi in ranges)
+            if sent:
+                t_copy = max(t_comp, t_copy) + costs.copy_ns(core, sent * row_bytes)
+            del rows
+        return Prediction(str(ex), max(t_comp, t_copy), alone)
+    s = costs.stores.get((ex.burst, dim))
+    if s is None:
+        near = min((d for b, d in costs.stores if b == ex.burst), key=lambda d: abs(math.log2(d / dim)))
+        s = costs.stores[(ex.burst, near)]
+    kernel = alone * (1.0 + s)
+    rounds = max(1, math.ceil(h * math.ceil(tokens / BLOCK_M) / costs.grid))
+    tail = remote / rounds / costs.drain  # the last round's rows drain after the kernel
+    return Prediction(str(ex), max(kernel, remote / costs.drain) + tail, alone)
+
+
+def plan_exchange(heads: int, dim: int, tokens: int, ranks: int, costs: ExchangeCosts,
+                  candidates: Sequence[str] = CANDIDATES) -> list[Prediction]:
+    """Every candidate's prediction, fastest first."""
+    if not candidates:
+        raise InputError("candidates: at least one exchange is needed")
+    preds = [predict(c, heads, dim, tokens, ranks, costs) for c in candidates]
+    return sorted(preds, key=lambda p: p.time_ns)
+
+
+def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibration rows") -> ExchangeCosts:
+    """Least-squares fit of every coefficient on the rows of a `xstage bench ulysses` CSV."""
+    def num(r, c):
+        return float(r[c])
+
+    by_cfg: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r.get("time_ns") in ("", None):
+            continue
+        key = (int(r["heads"]), int(r["dim"]), int(r["tokens"]), int(r["P"]))
+        by_cfg.setdefault(key, {})[r["variant"]] = r
+    if not by_cfg:
+        raise InputError(f"{source}: no timed rows to fit exchange costs to")
+    grid = int(next(iter(next(iter(by_cfg.values())).values()))["grid"])
+    attention, quality = {}, {}
+    for core in ("triton", "cudnn"):
+        for dim in sorted({k[1] for k in by_cfg}):
+            pts = []
+            for (H, D, T, P), v in by_cfg.items():
+                row = v.get(f"attention:{core}")
+                if D != dim or row is None:
+                    continue
+                h = -(-H // P)
+                rounds = math.ceil(h * math.ceil(T / BLOCK_M) / grid)
+                pts.append((rounds * 4.0 * BLOCK_M * T * D, num(row, "time_ns")))
+            if len(pts) < 2:
+                continue
+            a, b = _line([p[0] for p in pts], [p[1] for p in pts])
+            attention[(core, dim)] = (a, b)
+            quality[f"attention:{core}@{dim}"] = _rel_err([a + b * x for x, _ in pts], [y for _, y in pts])
+    copy = {}
+    for core, serial in (("triton", str(parse_exchange("serial:triton"))), ("cudnn", "serial:cudnn")):
+        xs, ys = [], []
+        for (H, D, T, P), v in by_cfg.items():
+            if serial in v and f"attention:{core}" in v:
+                xs.append(num(v[serial], "remote_bytes"))
+                ys.append(num(v[serial], "time_ns") - num(v[f"attention:{core}"], "time_ns"))
+        if len(xs) >= 2:
+            x0, per_byte = _line(xs, ys)
+            copy[core] = (max(0.0, x0), 1.0 / per_byte if per_byte > 0 else float("inf"))
+    stores = {}
+    for burst, name in ((False, "stores:paced"), (True, "stores:burst")):
+        for dim in sorted({k[1] for k in by_cfg}):
+            ratios = [num(v[name], "time_ns") / num(v["attention:triton"], "time_ns") - 1
+                      for (H, D, T, P), v in by_cfg.items()
+                      if D == dim and name in v and "attention:triton" in v
+                      # long kernels only: there the link is idle most of the time and the ratio is the loop's
+                      and num(v["attention:triton"], "time_ns") >= 2e6]
+            if ratios:
+                stores[(burst, dim)] = float(np.median(ratios))
+    for need, what in ((attention, "attention"), (copy, "copy")):
+        if not need:
+            raise InputError(f"{source}: too few rows to fit the {what} costs")
+    return ExchangeCosts(attention, copy, stores, drain, grid, source, quality)
+
+
+def _line(xs, ys) -> tuple[float, float]:
+    A = np.vstack([np.ones(len(xs)), np.asarray(xs, float)]).T
+    (a, b), *_ = np.linalg.lstsq(A, np.asarray(ys, float), rcond=None)
+    return float(a), float(b)
+
+
+def _rel_err(pred, meas) -> float:
+    return float(np.median(np.abs(np.asarray(pred) / np.asarray(meas) - 1)))
+
+
+@functools.cache
+def default_exchange_costs() -> ExchangeCosts:
+    """The fit on the embedded H200 host-path calibration grid."""
+    from xstage.model import load_default_profile
+
+    with resources.as_file(resources.files("xstage.data") / CALIBRATION_CSV) as path:
+        rows = read_rows(path)
+    return fit_exchange_costs(rows, drain=load_default_profile("host").params.drain,
+                              source=f"xstage/data/{CALIBRATION_CSV}")
+
+
+@functools.cache
+def _choice(heads: int, dim: int, tokens: int, ranks: int, elem_bytes: int) -> str:
+    return plan_exchange(heads, dim, tokens, ranks, default_exchange_costs())[0].exchange
+
+
+def choose_exchange(plan: UlyssesPlan, dtype, path: str, device) -> str:
+    """`auto`: the planner's fastest exchange for this call, predicted for rank 0 of the group (the
+    ranks' shares differ by at most one head and one token) at batch 1. The costs are the host-path
+    calibration; other paths use it as the nearest one measured."""
+    return _choice(plan.heads, plan.head_dim, plan.seq_total, plan.world, 4 if str(dtype) == "torch.float32" else 2)
+
+
+__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "choose_exchange", "default_exchange_costs",
+           "fit_exchange_costs", "plan_exchange", "predict"]
