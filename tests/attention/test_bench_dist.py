@@ -82,7 +82,7 @@ def test_two_ranks_under_torchrun(tmp_path):
             continue
         f = v["fused"]
         assert f["path"] == "peer" and f["P"] == "2" and f["backend"] == "gloo" and f["dtype"] == "fp16"
-        assert f["epilogue"] in ("paced", "burst")
+        assert f["exchange"] == "stores:paced"
         assert f["exchange_ok"] == "1" and float(f["rel_err"]) <= 1e-2, (key, f)
         for name in ("serial_triton", "serial_cudnn", "fused"):
             assert float(v[name]["ref_err"]) <= 2e-3, (key, name, v[name]["ref_err"])

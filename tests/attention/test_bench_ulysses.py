@@ -4,7 +4,9 @@ import pytest
 
 from xstage.attention.flash import FlashConfig
 from xstage.bench import ulysses as bu
+from xstage.errors import InputError
 from xstage.results import ResultWriter, select
+from xstage.results.timing import time_in_turns
 
 
 def test_grid_covers_the_issue_grid():
@@ -31,38 +33,47 @@ def test_tuned_configs_take_the_fastest_per_dim(tmp_path):
     assert got[64] == FlashConfig(64, 64, 4, 2, 1, False)
 
 
-def _fused_row(remote_bytes, tiles=1320, grid=132):
-    return {"path": "host", "grid": grid, "tiles": tiles, "remote_bytes": remote_bytes}
+def test_variants_are_cores_or_exchange_spellings():
+    assert bu.check_variants(["attention:cudnn", "stores", "serial:triton", "overlap:cudnn:3"]) == [
+        "attention:cudnn", "stores:paced", "serial", "overlap:cudnn:3"]
+    for bad in (["attention:flash"], ["fused"], ["stores", "stores:paced"]):
+        with pytest.raises(InputError):
+            bu.check_variants(bad)
 
 
-def test_model_prediction_is_drain_bound_or_hidden():
-    from xstage.model import load_default_profile
+def test_turns_time_every_variant_with_fresh_callables():
+    built = {"a": 0, "b": 0}
+    calls = {"a": 0, "b": 0}
 
-    drain = load_default_profile("host").params.drain  # bytes/s
-    # 200 MB behind 100 us of compute: the exchange cannot finish before the path drains it
-    pred = bu.predicted_exchange_ns(_fused_row(200e6), attention_ns=100e3)
-    assert pred >= 200e6 / drain * 1e9 - 100e3
-    # 1 MB spread over 10 ms of compute: every burst drains inside the next tile's compute
-    hidden = bu.predicted_exchange_ns(_fused_row(1e6), attention_ns=10e6)
-    assert hidden < 0.01 * 10e6
+    def maker(name):
+        def make():
+            built[name] += 1
+            return lambda: calls.__setitem__(name, calls[name] + 1)
+        return make
+
+    got = time_in_turns({n: maker(n) for n in built}, warmup=1, rep=5, turns=2)
+    assert built == {"a": 2, "b": 2}  # one callable per turn
+    assert calls == {"a": 7, "b": 7}  # 1 warm-up per turn + 5 timed
+    assert got["a"].runs == 5 and got["b"].runs == 5
 
 
 def test_report_ratios(tmp_path):
     w = ResultWriter(tmp_path / "ulysses.csv", bu.COLUMNS, bu.KEY_COLUMNS)
     common = {"heads": 24, "dim": 128, "tokens": 4608, "P": 2, "path": "host", "rank": 0, "rank_heads": 12,
               "block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 3, "grid": 132, "tiles": 432,
-              "tile_bytes": 32768, "remote_bytes": 7077888}
-    times = {"attention": (100e3, 100e3), "serial_triton": (160e3, 160e3), "serial_cudnn": (150e3, 150e3),
-             "fused": (110e3, 120e3)}
-    for variant, (send, recv) in times.items():
-        w.write({**common, "variant": variant, "sender_ns": send, "receiver_ns": recv, "tflops": 1.0,
-                 "exchange_ok": 1})
+              "tile_bytes": 32768, "remote_bytes": 7077888, "timed": "graph"}
+    times = {"attention:triton": 100e3, "attention:cudnn": 90e3, "serial": 160e3, "serial:cudnn": 150e3,
+             "auto": 120e3}
+    for variant, t in times.items():
+        w.write({**common, "variant": variant, "exchange": "overlap:cudnn" if variant == "auto" else variant,
+                 "time_ns": t, "p10_ns": t, "p90_ns": t * 1.1, "tflops": 1.0,
+                 "exchange_ok": "" if variant.startswith("attention") else 1})
     text = bu.write_report(tmp_path).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| 24x128"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     header = next(line for line in text.splitlines() if line.startswith("| heads x dim"))
     col = {name.strip(): i for i, name in enumerate(header.strip("|").split("|"))}
-    assert float(cells[col["serial/fused"]]) == pytest.approx(160 / 120, rel=1e-2)
-    assert float(cells[col["fused/attn"]]) == pytest.approx(1.2, rel=1e-2)
-    assert float(cells[col["exchange_meas_us"]]) == pytest.approx(20, rel=1e-2)
+    assert float(cells[col["best serial / auto"]]) == pytest.approx(150 / 120, rel=1e-3)
+    assert float(cells[col["auto / attention"]]) == pytest.approx(120 / 90, rel=1e-3)
+    assert cells[col["auto runs"]] == "overlap:cudnn"
     assert (tmp_path / "speedup.png").exists() and (tmp_path / "overhead.png").exists()

@@ -14,7 +14,8 @@ Variants per configuration (`--exchange`, default `VARIANTS`), all on rank 0's s
   counter wait for every destination returns;
 - `auto`: what the planner picks for the configuration (the `exchange` column names it).
 Every variant is captured in a CUDA graph (no host launch overhead) and timed as its replays; the
-variants take turns in two blocks of replays each (`time_in_turns`). Each row has the median, p10 and p90 (ns), the TFLOP/s of
+variants take turns in two blocks of replays each (`time_in_turns`). Each row has the median, p10
+and p90 (ns), the TFLOP/s of
 the attention work and the largest error of what the destinations received against the Triton
 kernel's output, relative to its largest value (`max_err`).
 
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from xstage.attention.exchange import parse_exchange, resolve_auto
+from xstage.attention.exchange import parse_exchange, register_chooser, resolve_auto
 from xstage.attention.flash import FlashConfig, default_config, flash_attention
 from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
 from xstage.attention.overlap import run_overlap, run_serial_copies
@@ -45,12 +46,15 @@ from xstage.attention.ulysses import (
 from xstage.bench.commands import add_grid_options
 from xstage.comm import create_context
 from xstage.errors import InputError
+from xstage.model import load_default_profile
 from xstage.results.io import ResultWriter, read_rows
 from xstage.results.output import check_output_dir, emit
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
 from xstage.results.timing import time_device, time_in_turns
+from xstage.sched.exchange import chooser, fit_exchange_costs
+from xstage.sched.measured import load_results
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
@@ -60,7 +64,7 @@ GRID_WORLDS = (2, 4, 8)
 CALIBRATION_SHAPES = ((16, 128), (32, 64))
 CALIBRATION_TOKENS = (6144, 24576, 57344)
 CORES = ("attention:triton", "attention:cudnn")
-VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:cudnn", "stores:paced",
+VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "stores:paced",
                     "stores:burst", "auto")
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
@@ -68,6 +72,7 @@ COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n",
                          "exchange_ok", "timed"]
 CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n", "num_warps", "num_stages",
                 "ctas_per_sm", "tma", "time_ns", "tflops", "ratio_vs_cudnn", "rel_err", "sass"]
+SERIALS = (str(parse_exchange("serial:triton")), "serial:cudnn")
 MAX_ERR = 2e-2  # bf16 outputs of two attention cores differ by a few ulps of their largest value
 
 
@@ -363,13 +368,14 @@ def grid_table(rows: list[dict]) -> list[dict]:
     for (H, D, T, P, path), v in sorted(by_key.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1], kv[0][3])):
         line = {"heads x dim": f"{H}x{D}", "tokens": T, "P": P, "path": path}
         attn = min(_num(v.get(c)) for c in CORES)
-        serial = min(_num(v.get(c)) for c in ("serial:triton", "serial:cudnn"))
+        serial = min(_num(v.get(c)) for c in SERIALS)
         for name, row in v.items():
             line[f"{name} us"] = _num(row) / 1e3
         if "auto" in v:
             line["auto runs"] = v["auto"].get("exchange", "")
             line["best serial / auto"] = serial / _num(v["auto"])
             line["auto / attention"] = _num(v["auto"]) / attn
+            line["auto p10-p90 %"] = 100 * (_num(v["auto"], "p90_ns") - _num(v["auto"], "p10_ns")) / _num(v["auto"])
         line["ok"] = all(str(r.get("exchange_ok", "")) in ("", "1") for r in v.values())
         table.append(line)
     return table
@@ -395,7 +401,8 @@ def write_report(out_dir) -> Path:
     if table:
         cols = list(dict.fromkeys(c for t in table for c in t))
         lines += ["Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
-                  "batch 1. Medians of CUDA-graph replays (`timed` column: graph, or eager calls), the variants taking turns in two blocks; every exchange is timed "
+                  "batch 1. Medians of CUDA-graph replays (`timed` column: graph, or eager calls), the variants "
+                  "taking turns in two blocks; every exchange is timed "
                   "until every destination holds its rows. `best serial` is the faster of `serial:triton` and "
                   "`serial:cudnn`, `attention` the faster core alone, both from the same run. `auto runs`: "
                   "the exchange the planner picked. `ok`: every destination received the attention output "
@@ -451,6 +458,12 @@ def _handler(args) -> int:
                 raise InputError(f"--core-shapes {args.core_shapes!r}: expected TOKENSxHEADSxDIM[,...]")
         run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
     elif not args.summarize_only:
+        if args.calibration:
+            # `auto` rows follow the planner fitted on this calibration grid instead of the embedded one
+            res = load_results(args.calibration, kind="ulysses")
+            costs = fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
+                                       source=str(res.path))
+            register_chooser(chooser(costs))
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                  max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid,
                  graphs=not args.eager)
@@ -473,6 +486,8 @@ def register_bench(grids) -> None:
                    help="comma-separated variants: attention:triton, attention:cudnn and exchange spellings "
                    "(serial[:CORE], overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]], auto) "
                    f"(default {','.join(VARIANTS)})")
+    p.add_argument("--calibration", metavar="CSV", help="ulysses.csv of a `--grid calibration` run: the planner "
+                   "behind `auto` is fitted on it (default: the embedded calibration)")
     p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
     p.add_argument("--grid", choices=("main", "calibration"), default="main",
                    help="main: the 54 configurations; calibration: the planner's calibration shapes "

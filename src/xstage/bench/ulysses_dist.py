@@ -9,11 +9,12 @@ sequence split of `layout.split_sizes`, the first `S % P` ranks one token more) 
 configuration (heads x dim, total tokens; P = the world size), times:
 - `pre_alltoall`: the pre-attention all-to-all alone (pack, `all_to_all_single`, views);
 - `attention`: the Triton kernel alone on this rank's post-all-to-all shard (its heads, whole sequence);
-- `serial_triton`: `ulysses_attention(mode="serial")`: all-to-all, kernel, all-to-all back;
+- `serial_triton`: `ulysses_attention(exchange="serial")`: all-to-all, kernel, all-to-all back;
 - `serial_cudnn`: all-to-all, cuDNN SDPA (torch) on the gathered layout, all-to-all back;
-- `fused`: `ulysses_attention(mode="fused")` on a `peer` context; receiver-visible = the whole call,
-  sender-visible = all-to-all + the kernel (the same steps, the counter wait after the mark). The
-  kernel's default exchange (`epilogue` column); `--burst` stores whole tiles instead (own folder).
+- `fused`: `ulysses_attention(exchange=X)` on a `peer` context with `--exchange X` (default
+  `stores:paced`; the `exchange` column names it; another exchange belongs in its own folder);
+  receiver-visible = the whole call, sender-visible = all-to-all + the kernel for the in-kernel
+  exchanges (the same steps, the counter wait after the mark), the whole call for the others.
 The pre-attention all-to-all is inside every end-to-end variant (`serial_*`, `fused`) and outside
 `attention`. Before each timed run the ranks synchronise (`xstage.bench.runtime`: device, host
 barrier, then a one-element all-reduce that every stream leaves at the same time, then a short device
@@ -38,7 +39,6 @@ Example (a node with 2 GPUs; `--only` slices the grid, `--budget-s` stops starti
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -50,12 +50,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from xstage.attention import ulysses_attention
+from xstage.attention.exchange import parse_exchange
 from xstage.attention.flash import default_config, flash_attention
 from xstage.attention.layout import UlyssesPlan, empty_gathered_out, pack_qkv, split_sizes, unpack_out, unpack_qkv
 from xstage.attention.reference import ulysses_reference
 from xstage.attention.ulysses import fused_state, run_fused, wait_fused
 from xstage.bench.runtime import Runtime, add_dist_options, check_repeats
-from xstage.bench.ulysses import COLUMNS as LOOPBACK_COLUMNS
 from xstage.bench.ulysses import GRID_SHAPES, GRID_TOKENS, KEY_COLUMNS, attention_flops
 from xstage.comm import create_context
 from xstage.dtypes import dtype_name
@@ -65,7 +65,9 @@ from xstage.results import ResultWriter, Timing, emit, events, markdown_table, r
 PATH = "peer"
 CSV_NAME = "ulysses_peer.csv"
 VARIANTS = ("pre_alltoall", "attention", "serial_triton", "serial_cudnn", "fused")
-COLUMNS = LOOPBACK_COLUMNS + ["rel_err", "ref_err", "host_bound_runs", "backend", "dtype", "epilogue"]
+COLUMNS = KEY_COLUMNS + ["rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid", "tiles",
+                         "tile_bytes", "remote_bytes", "sender_ns", "receiver_ns", "p10_ns", "p90_ns", "tflops",
+                         "exchange_ok", "rel_err", "ref_err", "host_bound_runs", "backend", "dtype", "exchange"]
 TINY_SHAPES = ((5, 32), (4, 16))
 TINY_TOKENS = (67, 40)
 AGREE_TOL = 1e-2
@@ -144,9 +146,10 @@ def post_alltoall(plan, o_hsd: torch.Tensor, like: torch.Tensor, group) -> torch
 
 
 def measure_config(cfg: dict, rt: Runtime, ctx, *, dtype, warmup: int, rep: int, reference: bool,
-                   burst: bool = False) -> list[dict]:
-    """Rows (identical on every rank) for every variant of one configuration; `burst`: the fused rows
-    store whole tiles in the epilogue instead of the kernel's default (paced) exchange."""
+                   exchange: str = "stores:paced") -> list[dict]:
+    """Rows (identical on every rank) for every variant of one configuration; `exchange`: what the
+    `fused` rows run."""
+    ex = parse_exchange(exchange)
     H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
     if P != rt.world:
         raise InputError(f"P={P}: must equal the number of ranks {rt.world}")
@@ -157,9 +160,6 @@ def measure_config(cfg: dict, rt: Runtime, ctx, *, dtype, warmup: int, rep: int,
     q, k, v = (torch.randn(1, seq[rt.rank], H, D, generator=gen, device=dev, dtype=dtype) for _ in range(3))
     fc = default_config(D, dtype, dev)
     state = fused_state(ctx, plan, dtype, fc.block_m)
-    if burst and getattr(state.exchange, "paced", False):
-        # the cached state is the one ulysses_attention uses: its calls take the burst epilogue too
-        state.exchange = dataclasses.replace(state.exchange, paced=False)
     h0 = plan.heads_of(0)
     tiles = h0 * math.ceil(T / fc.block_m)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 0
@@ -169,7 +169,7 @@ def measure_config(cfg: dict, rt: Runtime, ctx, *, dtype, warmup: int, rep: int,
               "num_warps": fc.num_warps, "num_stages": fc.num_stages, "grid": grid, "tiles": tiles,
               "tile_bytes": fc.block_m * D * dtype.itemsize, "remote_bytes": (T - seq[0]) * h0 * D * dtype.itemsize,
               "backend": rt.backend, "dtype": dtype_name(dtype),
-              "epilogue": "paced" if getattr(state.exchange, "paced", False) else "burst"}
+              "exchange": str(ex)}
 
     qg0, kg0, vg0 = pre_alltoall(plan, q, k, v, group)
     og = empty_gathered_out(plan, dtype, dev)
@@ -181,18 +181,20 @@ def measure_config(cfg: dict, rt: Runtime, ctx, *, dtype, warmup: int, rep: int,
         flash_attention(qg0, kg0, vg0, out=og, config=fc)
 
     def v_serial(mark):
-        return ulysses_attention(q, k, v, group, mode="serial", seq_lens=seq, config=fc)
+        return ulysses_attention(q, k, v, group, exchange="serial", seq_lens=seq, config=fc)
 
     def v_cudnn(mark):
         qg, kg, vg = pre_alltoall(plan, q, k, v, group)
         return post_alltoall(plan, _sdpa_gathered(qg, kg, vg, dev.type == "cuda"), q, group)
 
     def v_fused(mark):
-        return ulysses_attention(q, k, v, comm=ctx, mode="fused", seq_lens=seq, config=fc, check=False)
+        return ulysses_attention(q, k, v, comm=ctx, exchange=ex, seq_lens=seq, config=fc, check=False)
 
     def v_fused_send(mark):
+        if not ex.in_kernel:
+            return v_fused(mark)
         qg, kg, vg = pre_alltoall(plan, q, k, v, group)
-        run_fused(state, ctx, qg, kg, vg, config=fc, wait=False)
+        run_fused(state, ctx, qg, kg, vg, config=fc, wait=False, exchange=ex)
         mark()
         wait_fused(state, ctx)
 
@@ -253,7 +255,7 @@ def measure_config(cfg: dict, rt: Runtime, ctx, *, dtype, warmup: int, rep: int,
 
 
 def run_grid(out_dir, rt: Runtime, *, only=None, tiny=False, dtype=torch.bfloat16, warmup=5, rep=30,
-             budget_s=None, t_start=None, burst=False) -> int:
+             budget_s=None, t_start=None, exchange="stores:paced") -> int:
     """Measure every selected configuration not yet in `out_dir/ulysses_peer.csv` (all ranks call
     this; rank 0 decides what runs and writes). Returns the number of configurations measured."""
     t_start = time.monotonic() if t_start is None else t_start
@@ -283,7 +285,7 @@ def run_grid(out_dir, rt: Runtime, *, only=None, tiny=False, dtype=torch.bfloat1
         if not rt.from_rank0(go):
             break
         t0 = time.monotonic()
-        rows = measure_config(cfg, rt, ctx, dtype=dtype, warmup=warmup, rep=rep, reference=tiny, burst=burst)
+        rows = measure_config(cfg, rt, ctx, dtype=dtype, warmup=warmup, rep=rep, reference=tiny, exchange=exchange)
         spent = (time.monotonic() - t0) / work
         per_flop = spent if per_flop is None else min(per_flop, spent)
         done += 1
@@ -336,7 +338,7 @@ def write_report(out_dir) -> Path:
         env = rows[0]
         lines += [f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, triton "
                   f"{env.get('triton')}, process group {env.get('backend')}, {env.get('dtype')}, "
-                  f"{env.get('epilogue')} fused epilogue, "
+                  f"fused rows: exchange {env.get('exchange')}, "
                   f"commit {env.get('git_commit')}, {env.get('date')}.", ""]
     lines += ["Every rank holds `[1, S/P, H, D]` q, k, v; times are "
               "medians over runs of the slowest rank, each run started together on all ranks. "
@@ -353,12 +355,20 @@ def write_report(out_dir) -> Path:
     return path
 
 
+def _exchange(text: str) -> str:
+    try:
+        return str(parse_exchange(text))
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python3 -m xstage.bench.ulysses_dist",
                                 description="Ulysses attention, fused vs serial, on a torchrun group")
     add_dist_options(p)
-    p.add_argument("--burst", action="store_true",
-                   help="fused rows with the burst epilogue (whole tiles at once); write to their own folder")
+    p.add_argument("--exchange", type=_exchange, default="stores:paced", help="what the fused rows run, an "
+                   "exchange spelling such as stores:burst or overlap:cudnn; write each to its own folder "
+                   "(default %(default)s)")
     p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -376,7 +386,7 @@ def main(argv=None) -> int:
         dtype = rt.dtype(args.dtype)
         rt.log(f"ulysses_dist: {rt.world} ranks, {rt.backend}, {rt.device}, {dtype_name(dtype)}")
         run_grid(args.out, rt, only=args.only, tiny=args.tiny, dtype=dtype, warmup=args.warmup, rep=args.rep,
-                 budget_s=args.budget_s, t_start=t_start, burst=args.burst)
+                 budget_s=args.budget_s, t_start=t_start, exchange=args.exchange)
         if rt.rank == 0:
             path = write_report(args.out)
             emit({"summary": str(path)}, args.json, path.read_text())

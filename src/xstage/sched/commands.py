@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xstage.attention.exchange import parse_exchange
 from xstage.comm.pacing import spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
@@ -26,19 +27,13 @@ from xstage.results.plots import plot_lines
 from xstage.results.progress import Progress
 from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 from xstage.sched.costs import TaskCosts, load_default_costs
+from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
+from xstage.sched.exchange import default_exchange_costs, fit_exchange_costs, plan_exchange, validate_exchange
 from xstage.sched.measured import load_results
 from xstage.sched.moe import MoeConfig
 from xstage.sched.plan import check_plannable, default_ctas, plan_moe
 from xstage.sched.timeline import plot_timeline
-from xstage.sched.ulysses import (
-    DEFAULT_EXCHANGES,
-    UlyssesConfig,
-    attention_costs,
-    fused_ulysses_rows,
-    parse_exchange,
-    plan_ulysses,
-    validate_ulysses,
-)
+from xstage.sched.ulysses import attention_costs
 from xstage.sched.validate import fused_rows, validate_moe
 
 PLOT_NAME = "plan_timeline.png"  # what `--plot FOLDER` writes in the folder
@@ -105,9 +100,10 @@ def schedule_list(text: str | None) -> list[str]:
     return _checked_list(text, CANDIDATES, check_plannable, "expert_wave,lag:4")
 
 
-def exchange_list(text: str | None) -> list[str]:
-    """`--candidates` of `plan ulysses`: exchanges of the fused attention kernel."""
-    return _checked_list(text, DEFAULT_EXCHANGES, parse_exchange, "burst,paced:16")
+def exchange_list(text: str | None, default=EXCHANGE_CANDIDATES) -> list[str]:
+    """`--candidates` of `plan ulysses`, `--exchange` of `plan validate`: exchange spellings."""
+    return [str(parse_exchange(e)) for e in _checked_list(text, default, parse_exchange,
+                                                           "serial:cudnn,stores:paced:16")]
 
 
 def plot_path(value: str | None) -> Path | None:
@@ -224,29 +220,34 @@ def run_calibrate(args) -> int:
     return 0
 
 
+def _add_calibration(p) -> None:
+    p.add_argument("--calibration", metavar="CSV", help="ulysses.csv of `xstage bench ulysses --grid calibration` "
+                   "to fit the exchange costs on (default: the embedded H200 host-path calibration)")
+
+
 def run_plan_ulysses(args) -> int:
     sizes = {arg: checked_int(arg, getattr(args, name), what) for arg, name, what in (
         ("--heads", "heads", "attention heads"), ("--dim", "dim", "head dim"),
-        ("--tokens", "tokens", "sequence length"), ("--ranks", "ranks", "sequence-parallel ranks"),
-        ("--batch", "batch", "sequences"))}
+        ("--tokens", "tokens", "sequence length"), ("--ranks", "ranks", "sequence-parallel ranks"))}
     if sizes["--ranks"] > sizes["--heads"]:
         raise InputError(f"--ranks {sizes['--ranks']}: must be <= --heads {sizes['--heads']} (each rank gets heads)")
-    ctas = None if args.ctas is None else checked_int("--ctas", args.ctas, "persistent programs")
     cands = exchange_list(args.candidates)
-    profile = _load_profile(args.profile)
-    costs = _load_costs(args.costs, "attention")
-    cfg = UlyssesConfig(heads=sizes["--heads"], head_dim=sizes["--dim"], tokens=sizes["--tokens"],
-                        ranks=sizes["--ranks"], batch=sizes["--batch"], grid=ctas or default_ctas(profile))
-    with Progress(len(cands), "plan ulysses: candidates simulated", quiet=args.json) as bar:
-        rows = plan_ulysses(cfg, profile.params, costs, cands, progress=bar.callback)
-    table = [{"exchange": n, "time_us": t / 1e3, "vs_best": t / rows[0][1],
-              "stall_us_per_cta": b["stall"] / 1e3 / min(cfg.grid, cfg.tiles)} for n, t, b in rows]
-    text = (f"{cfg.heads} heads x {cfg.head_dim}, {cfg.tokens} tokens, {cfg.ranks} ranks: rank 0 has "
-            f"{cfg.local_heads} heads, {cfg.tiles} tiles on {min(cfg.grid, cfg.tiles)} programs; "
-            f"profile {profile.path}\n"
-            + markdown_table(table, list(table[0]), floatfmt=".4g") + f"\npick: {rows[0][0]}")
-    emit({"rows": table, "pick": rows[0][0]}, args.json, text)
+    costs = _exchange_costs(args.calibration)
+    ranked = plan_exchange(sizes["--heads"], sizes["--dim"], sizes["--tokens"], sizes["--ranks"], costs, cands)
+    table = [{"exchange": p.exchange, "time_us": p.time_ns / 1e3, "vs_best": p.time_ns / ranked[0].time_ns,
+              "attention_us": p.attention_ns / 1e3, "exposed_overhead_us": p.overhead_ns / 1e3} for p in ranked]
+    text = (f"{sizes['--heads']} heads x {sizes['--dim']}, {sizes['--tokens']} tokens, {sizes['--ranks']} ranks "
+            f"(rank 0's share); costs fitted on {costs.source}\n"
+            + markdown_table(table, list(table[0]), floatfmt=".4g") + f"\npick: {ranked[0].exchange}")
+    emit({"rows": table, "pick": ranked[0].exchange}, args.json, text)
     return 0
+
+
+def _exchange_costs(calibration: str | None):
+    if calibration is None:
+        return default_exchange_costs()
+    res = load_results(calibration, kind="ulysses")
+    return fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain, source=str(res.path))
 
 
 def run_attention_costs(args) -> int:
@@ -270,20 +271,14 @@ def run_validate(args) -> int:
         Variant("expert_wave", args.default_pacing)  # a malformed pacing fails here, before any simulation
     except InputError as exc:
         raise InputError(f"--default-pacing {args.default_pacing}: {exc}") from None
-    try:
-        parse_exchange(args.exchange)
-    except InputError as exc:
-        raise InputError(f"--exchange {args.exchange}: {exc}") from None
+    exchanges = exchange_list(args.exchange, default=()) if args.exchange else None
     res = load_results(args.results, only=args.only)
     params = _load_profile(args.profile).params
     if res.kind == "ulysses":
-        costs = _load_costs(args.costs, "attention")
-        with Progress(len(fused_ulysses_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
-            out_rows, summary = validate_ulysses(res.rows, params, costs, exchange=args.exchange,
-                                                 progress=bar.callback, source=str(res.path), lines=res.lines)
+        out_rows, summary = validate_exchange(res.rows, _exchange_costs(args.calibration), exchanges)
         out.mkdir(parents=True, exist_ok=True)
         write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
-        emit(summary, args.json, markdown_table([summary], list(summary))
+        emit({"exchanges": summary}, args.json, markdown_table(summary, list(summary[0]), floatfmt=".4g")
              + f"\nwritten to {out}/validation-ulysses.csv")
         return 0
     costs = _load_costs(args.costs, "moe")
@@ -338,18 +333,16 @@ def register(sub) -> None:
     _add_json(m)
     m.set_defaults(handler=run_plan_moe)
 
-    u = kinds.add_parser("ulysses", help="plan the fused Ulysses attention kernel's exchange (burst or paced)")
+    u = kinds.add_parser("ulysses", help="rank every Ulysses exchange (serial, overlap, stores) for one call shape")
     u.add_argument("--heads", type=int, required=True, help="attention heads over all ranks (required)")
     u.add_argument("--dim", type=int, required=True, help="head dim in elements (required)")
     u.add_argument("--tokens", type=int, required=True, help="sequence length in tokens over all ranks (required)")
     u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size in ranks, <= --heads "
                    "(required)")
-    u.add_argument("--batch", type=int, default=1, help="sequences per batch (default: 1)")
-    u.add_argument("--ctas", type=int, default=None, help="persistent programs, >= 1 (default: this GPU's SM "
-                   "count, else the SM count of the profile's GPU)")
-    _add_model_files(u, "the attention kernel, from `xstage plan attention-costs`")
-    u.add_argument("--candidates", metavar="X1,X2", help="comma-separated exchanges: burst, or paced:R with R "
-                   f"rows per chunk, a power of two (default: {','.join(DEFAULT_EXCHANGES)})")
+    _add_calibration(u)
+    u.add_argument("--candidates", metavar="X1,X2", help="comma-separated exchanges: serial[:CORE], "
+                   "overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]] "
+                   f"(default: {','.join(EXCHANGE_CANDIDATES)})")
     _add_json(u)
     u.set_defaults(handler=run_plan_ulysses)
 
@@ -392,8 +385,9 @@ def register(sub) -> None:
     v.add_argument("--default-pacing", default="auto", help="pacing of variants without an @ suffix: auto "
                    "(today's default of the row's path), off (results measured before the kernel paced) or "
                    "RATE:BUDGET in GB/s:KiB (default: auto)")
-    v.add_argument("--exchange", default="burst", help="Ulysses results: the exchange the fused rows ran, burst or "
-                   "paced:R with R rows per chunk (default: burst)")
+    v.add_argument("--exchange", default=None, metavar="X1,X2", help="Ulysses results: the exchanges to validate "
+                   "(default: every exchange in the rows)")
+    _add_calibration(v)
     _add_json(v)
     v.set_defaults(handler=run_validate)
     p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

@@ -46,8 +46,8 @@ from xstage.errors import InputError
 from xstage.results.io import read_rows
 
 BLOCK_M = 128
-CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:triton", "overlap:cudnn", "overlap:cudnn:3",
-              "overlap:cudnn:4", "stores:paced", "stores:burst")
+CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "stores:paced",
+              "stores:burst")
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 
 
@@ -118,7 +118,7 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
         return Prediction(str(ex), alone + costs.copy_ns(core, remote), alone)
     if ex.mechanism == "overlap":
         t_comp = t_copy = 0.0
-        blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
+        blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, costs.grid)
         own = (plan.tok0[0], plan.tok0[1])
         for ranges in blocks:
             rows = sum(hi - lo for lo, hi in ranges)
@@ -180,7 +180,7 @@ def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibra
     copy = {}
     for core, serial in (("triton", str(parse_exchange("serial:triton"))), ("cudnn", "serial:cudnn")):
         xs, ys = [], []
-        for (H, D, T, P), v in by_cfg.items():
+        for v in by_cfg.values():
             if serial in v and f"attention:{core}" in v:
                 xs.append(num(v[serial], "remote_bytes"))
                 ys.append(num(v[serial], "time_ns") - num(v[f"attention:{core}"], "time_ns"))
@@ -224,17 +224,67 @@ def default_exchange_costs() -> ExchangeCosts:
                               source=f"xstage/data/{CALIBRATION_CSV}")
 
 
-@functools.cache
-def _choice(heads: int, dim: int, tokens: int, ranks: int, elem_bytes: int) -> str:
-    return plan_exchange(heads, dim, tokens, ranks, default_exchange_costs())[0].exchange
+def chooser(costs: ExchangeCosts | None = None):
+    """An `auto` resolver for `xstage.attention.exchange.register_chooser`: the planner's fastest
+    exchange for the call, predicted for rank 0 of the group (the ranks' shares differ by at most one
+    head and one token) at batch 1, remembered per shape. `costs` None: the embedded host-path
+    calibration, which other paths use as the nearest one measured."""
+
+    @functools.cache
+    def pick(heads: int, dim: int, tokens: int, ranks: int) -> str:
+        return plan_exchange(heads, dim, tokens, ranks, costs or default_exchange_costs())[0].exchange
+
+    def choose(plan: UlyssesPlan, dtype, path: str, device) -> str:
+        return pick(plan.heads, plan.head_dim, plan.seq_total, plan.world)
+
+    return choose
 
 
-def choose_exchange(plan: UlyssesPlan, dtype, path: str, device) -> str:
-    """`auto`: the planner's fastest exchange for this call, predicted for rank 0 of the group (the
-    ranks' shares differ by at most one head and one token) at batch 1. The costs are the host-path
-    calibration; other paths use it as the nearest one measured."""
-    return _choice(plan.heads, plan.head_dim, plan.seq_total, plan.world, 4 if str(dtype) == "torch.float32" else 2)
+choose_exchange = chooser()
 
 
-__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "choose_exchange", "default_exchange_costs",
+__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "choose_exchange", "chooser", "default_exchange_costs",
            "fit_exchange_costs", "plan_exchange", "predict"]
+
+
+def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequence[str] | None = None
+                      ) -> tuple[list[dict], list[dict]]:
+    """Predicted vs measured exposed overhead of every exchange row of a `xstage bench ulysses` CSV.
+
+    Overhead = time - attention alone with the same core (Triton for `stores`), predicted from the
+    costs for the prediction and from the same run's attention row for the measurement. Returns the
+    rows and, per exchange, the median and p90 over configurations of |predicted - measured| /
+    measured attention alone (the planner issue's measure)."""
+    by_cfg: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r.get("time_ns") not in ("", None):
+            by_cfg.setdefault((int(r["heads"]), int(r["dim"]), int(r["tokens"]), int(r["P"])), {})[r["variant"]] = r
+    names = [str(parse_exchange(e)) for e in exchanges] if exchanges else sorted(
+        {n for v in by_cfg.values() for n in v if not n.startswith("attention:") and n not in ("auto", "tma")})
+    out = []
+    for (H, D, T, P), v in sorted(by_cfg.items()):
+        for name in names:
+            if name not in v:
+                continue
+            ex = parse_exchange(name)
+            core = "triton" if ex.in_kernel else ex.core
+            alone = v.get(f"attention:{core}")
+            if alone is None:
+                continue
+            pred = predict(ex, H, D, T, P, costs)
+            meas, att = float(v[name]["time_ns"]), float(alone["time_ns"])
+            out.append({"heads": H, "dim": D, "tokens": T, "P": P, "exchange": name, "measured_ns": meas,
+                        "attention_ns": att, "predicted_ns": pred.time_ns,
+                        "predicted_attention_ns": pred.attention_ns,
+                        "overhead_measured_ns": meas - att, "overhead_predicted_ns": pred.overhead_ns,
+                        "overhead_error": (pred.overhead_ns - (meas - att)) / att})
+    if not out:
+        raise InputError("results: no exchange row with its attention-alone row to validate against")
+    summary = []
+    for name in names:
+        e = np.abs([o["overhead_error"] for o in out if o["exchange"] == name])
+        if len(e):
+            summary.append({"exchange": name, "configurations": len(e),
+                            "median_abs_overhead_error": float(np.median(e)),
+                            "p90_abs_overhead_error": float(np.quantile(e, 0.9))})
+    return out, summary

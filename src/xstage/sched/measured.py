@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from xstage.attention.exchange import parse_exchange
 from xstage.errors import InputError
 from xstage.moe.variant import Variant
 from xstage.results.io import read_rows
@@ -40,8 +41,10 @@ BASELINES = ("unfused", "chain")  # MoE rows of the benchmarks' baselines, not o
 PATHS = ("hbm", "host", "peer")
 MOE_COLUMNS = ("shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "block", "ctas")
 # The variants `xstage bench ulysses` and `xstage.bench.ulysses_dist` write.
-ULYSSES_VARIANTS = ("pre_alltoall", "attention", "serial_triton", "serial_cudnn", "fused")
-ULYSSES_COLUMNS = ("heads", "dim", "tokens", "P", "variant", "sender_ns", "grid")
+# Before `exchange=`: the fused kernel was `fused`; since, every exchange spelling is a variant too.
+ULYSSES_VARIANTS = ("pre_alltoall", "attention", "serial_triton", "serial_cudnn", "fused", "attention:triton",
+                    "attention:cudnn")
+ULYSSES_COLUMNS = ("heads", "dim", "tokens", "P", "variant", "grid")
 KINDS = {"moe": ("`xstage bench moe`", MOE_COLUMNS), "ulysses": ("`xstage bench ulysses`", ULYSSES_COLUMNS)}
 
 
@@ -189,8 +192,11 @@ def check_ulysses_row(row: Mapping, at: str) -> None:
     """One row of a `xstage bench ulysses` CSV (see module docstring); `at` says where it is."""
     variant = _value(row, "variant", at)
     if variant not in ULYSSES_VARIANTS:
-        raise InputError(f"{at}, column variant: {variant!r} is not a Ulysses benchmark variant "
-                         f"({', '.join(ULYSSES_VARIANTS)})")
+        try:
+            parse_exchange(variant)
+        except InputError:
+            raise InputError(f"{at}, column variant: {variant!r} is neither a Ulysses benchmark variant "
+                             f"({', '.join(ULYSSES_VARIANTS)}) nor an exchange spelling") from None
     sizes = {c: _positive_int(row, c, at) for c in ("heads", "dim", "tokens", "P", "grid")}
     for c in ("block_m", "block_n"):
         if c in row and _value(row, c, at):
@@ -198,7 +204,9 @@ def check_ulysses_row(row: Mapping, at: str) -> None:
     if sizes["P"] > sizes["heads"]:
         raise InputError(f"{at}, column P: {sizes['P']} ranks is more than heads={sizes['heads']}")
     failed = str(row.get("exchange_ok") or "").startswith("error")
-    for c in ("sender_ns", "receiver_ns"):  # sender_ns is a required column, receiver_ns optional
+    if not any(c in row for c in ("time_ns", "sender_ns")):
+        raise InputError(f"{at}: no time column (time_ns, or sender_ns in results from before exchange=)")
+    for c in ("time_ns", "sender_ns", "receiver_ns"):
         if c not in row or (failed and not _value(row, c, at)):
             continue  # the benchmark recorded why this variant did not run
         _time(row, c, at)
