@@ -26,8 +26,17 @@ def _worker(rank, world, port, use_gpu, dtype, results):
     import torch.distributed as dist
 
     from xstage.attention import ulysses_attention, ulysses_reference
-    from xstage.attention.layout import UlyssesPlan
-    from xstage.attention.ulysses import _group_context, _pre_alltoall, fused_state, run_fused, wait_fused
+    from xstage.attention.exchange import parse_exchange
+    from xstage.attention.layout import UlyssesPlan, empty_gathered_out
+    from xstage.attention.overlap import run_overlap
+    from xstage.attention.ulysses import (
+        _group_context,
+        _pre_alltoall,
+        _stage_buffer,
+        fused_state,
+        run_fused,
+        wait_fused,
+    )
     from xstage.errors import CommTimeoutError
 
     device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
@@ -79,6 +88,21 @@ def _worker(rank, world, port, use_gpu, dtype, results):
             except CommTimeoutError as e:
                 if f"peer {world - 1}" not in str(e) or "ulysses_output" not in str(e):
                     failures.append(f"rank {rank}: unexpected message {e}")
+        dist.barrier()
+        # overlap: a rank that never sends its rows nor reaches the barrier is named at comm.barrier
+        ctx.reset_error()
+        og = empty_gathered_out(plan, dtype, device)
+        stage = _stage_buffer(state, ctx)
+        if rank != world - 1:
+            run_overlap(plan, parse_exchange("overlap"), qg, kg, vg, og, torch.empty_like(og[:, :seq[rank]]),
+                        stage.peers)
+            ctx.barrier(host=False)
+            try:
+                ctx.check()
+                failures.append(f"rank {rank}: overlap: no timeout although rank {world - 1} never arrived")
+            except CommTimeoutError as e:
+                if f"peer {world - 1}" not in str(e) or "comm.barrier" not in str(e):
+                    failures.append(f"rank {rank}: overlap: unexpected message {e}")
         dist.barrier()
     except Exception as e:  # reported to the parent, which fails the test with the message
         failures.append(f"rank {rank}: {type(e).__name__}: {e}")

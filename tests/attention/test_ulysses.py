@@ -202,3 +202,52 @@ def test_module_and_bad_inputs(device):
     with pytest.raises(InputError, match="local shape"):
         ulysses_attention(x, x, x, comm=ctx, seq_lens=[10, 10])
     ctx.close()
+
+
+def test_exchange_spellings_round_trip():
+    for text, canon in (("serial", "serial"), ("serial:triton", "serial"), ("serial:cudnn", "serial:cudnn"),
+                        ("overlap:cudnn:4", "overlap:cudnn:4"), ("overlap:triton:3", "overlap:triton:3"),
+                        ("stores", "stores:paced"), ("stores:paced:16", "stores:paced:16"),
+                        ("stores:burst", "stores:burst"), ("tma", "tma"), ("auto", "auto")):
+        ex = parse_exchange(text)
+        assert str(ex) == canon and parse_exchange(str(ex)) == ex
+    assert parse_exchange("stores:burst").in_kernel and not parse_exchange("overlap").in_kernel
+
+
+@pytest.mark.parametrize("world,rank,seq,blocks", [(3, 1, [70, 69, 69], 3), (4, 0, [40, 40, 40, 40], 2),
+                                                   (2, 1, [33, 31], 4)],
+                         ids=["P3-r1-uneven-3blocks", "P4-r0-2blocks", "P2-r1-4blocks"])
+def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blocks, device):
+    from xstage.attention.overlap import overlap_blocks, run_overlap
+    from xstage.attention.ulysses import _stage_buffer, unpack_loopback
+
+    H = 4
+    plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
+    cfg = default_config(plan.head_dim, torch.float16, torch.device(device))
+    h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+    qf, kf, vf = (t.index_select(1, loopback_index(plan, device))[:, :, h0:h1] for t in (q, k, v))
+    state = fused_state(ctx, plan, torch.float16, cfg.block_m)
+    stage = _stage_buffer(state, ctx)
+    for t in (*state.out.peers, *stage.peers):
+        t.fill_(float("nan"))
+    from xstage.attention.layout import empty_gathered_out
+
+    og = empty_gathered_out(plan, torch.float16, torch.device(device))
+    sends = []
+    ex = parse_exchange(f"overlap:triton:{blocks}")
+    run_overlap(plan, ex, qf, kf, vf, og, state.out.local[:, :seq[rank], h0:h1], stage.peers, config=cfg,
+                on_send=lambda *s: sends.append(s))
+    # flags are raised block by block: the sends come in block order
+    assert [s[0] for s in sends] == sorted(s[0] for s in sends)
+    rows = sorted(r for (_, dest, lo, hi) in sends for r in range(lo, hi))
+    own = set(range(plan.tok0[rank], plan.tok0[rank + 1]))
+    assert rows == sorted(set(range(plan.seq_total)) - own)  # every remote row exactly once, no own row
+    for (_, dest, lo, hi) in sends:
+        assert plan.tok0[dest] <= lo < hi <= plan.tok0[dest + 1]  # each row to the rank that owns it
+    n_blocks = len(overlap_blocks(plan, blocks, cfg.block_m))
+    assert {s[0] for s in sends} <= set(range(n_blocks - 1)) | {n_blocks - 1}
+    unpack_loopback(plan, state)
+    for p in range(world):
+        got = state.out.peers[p][:, :seq[p], h0:h1]
+        torch.testing.assert_close(got.double(), refs[p][:, :, h0:h1], atol=2e-3, rtol=2e-3)
+    ctx.close()

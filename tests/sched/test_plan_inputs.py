@@ -12,10 +12,11 @@ from tests.sched.test_calibrate_validate import _row
 from tests.sched.test_plan import COSTS, SLOW_PATH
 from xstage.cli import build_parser, main
 from xstage.errors import InputError
+from xstage.sched.exchange import default_exchange_costs, validate_exchange
 from xstage.sched.measured import check_moe_rows, load_results
 from xstage.sched.moe import MoeConfig
 from xstage.sched.plan import plan_moe
-from xstage.sched.ulysses import attention_costs, validate_ulysses
+from xstage.sched.ulysses import attention_costs
 from xstage.sched.validate import validate_moe
 
 MOE = ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8"]
@@ -80,7 +81,7 @@ def test_output_locations_are_checked_before_any_work(tmp_path, capsys, existing
     def no_work(*a, **k):
         raise AssertionError("work started before the output location was checked")
 
-    for name in ("validate_moe", "validate_ulysses", "attention_costs", "calibrate_moe", "load_results"):
+    for name in ("validate_moe", "validate_exchange", "attention_costs", "calibrate_moe", "load_results"):
         monkeypatch.setattr(cmd, name, no_work)
     moe_csv = _moe_csv(tmp_path / "moe.csv", _moe_rows())
     _fails(capsys, ["plan", "validate", str(moe_csv), "-o", str(existing)], "-o", str(existing), "not a folder")
@@ -133,15 +134,15 @@ def test_plan_moe_tokens_and_ep(capsys, tokens, ep, needles):
 def test_plan_ulysses_and_validate_numbers(capsys, tmp_path):
     u = ["plan", "ulysses", "--heads", "4", "--dim", "64", "--tokens", "100"]
     _fails(capsys, [*u, "--ranks", "8"], "--ranks 8", "--heads 4")
-    _fails(capsys, [*u, "--ranks", "2", "--ctas", "0"], "--ctas 0")
     _fails(capsys, [*u, "--ranks", "0"], "--ranks 0")
-    _fails(capsys, [*u, "--ranks", "2", "--batch", "0"], "--batch 0")
-    _fails(capsys, [*u, "--ranks", "2", "--candidates", "paced:3"], "--candidates", "paced:3")
+    _fails(capsys, [*u, "--ranks", "2", "--candidates", "stores:paced:3"], "--candidates", "stores:paced:3")
+    _fails(capsys, [*u, "--ranks", "2", "--candidates", "tma"], "--candidates", "tma")
+    _fails(capsys, [*u, "--ranks", "2", "--calibration", str(tmp_path / "none.csv")], "none.csv")
     moe_csv = _moe_csv(tmp_path / "moe.csv", _moe_rows())
     v = ["plan", "validate", str(moe_csv), "-o", str(tmp_path / "out")]
     _fails(capsys, [*v, "--workers", "0"], "--workers 0")
     _fails(capsys, [*v, "--default-pacing", "fast"], "--default-pacing fast")
-    _fails(capsys, [*v, "--exchange", "paced:3"], "--exchange paced:3")
+    _fails(capsys, [*v, "--exchange", "stores:paced:3"], "--exchange", "stores:paced:3")
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--tokens", "0"], "--tokens 0")
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--reps", "0"], "--reps 0")
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--shapes", "H1-I2"], "--shapes")
@@ -250,8 +251,8 @@ def test_ulysses_results_are_checked(tmp_path, capsys):
     rows = _ulysses_rows() + [{**_ulysses_rows()[0], "variant": "serial_cudnn", "sender_ns": "", "receiver_ns": "",
                                "exchange_ok": "error: cuDNN refused"}]
     assert len(load_results(write(rows)).rows) == 3
-    with pytest.raises(InputError, match="row 2, column sender_ns"):
-        validate_ulysses([rows[0], {**rows[1], "sender_ns": -1.0}], SLOW_PATH, COSTS)
+    with pytest.raises(InputError, match="no exchange row"):
+        validate_exchange(rows, default_exchange_costs())
     with pytest.raises(InputError, match="no 'attention' rows"):
         attention_costs([rows[1]])
     assert not (tmp_path / "o").exists()
@@ -289,14 +290,13 @@ def test_plan_progress_goes_to_stderr_and_json_is_standard(capsys):
     assert main([*TINY, "--json"]) == 0
     cap = capsys.readouterr()
     assert cap.err == "" and len(_strict_json(cap.out)["rows"]) == 2
-    u = ["plan", "ulysses", "--heads", "6", "--dim", "64", "--tokens", "1000", "--ranks", "3", "--ctas", "5",
-         "--candidates", "burst,paced:16"]
+    u = ["plan", "ulysses", "--heads", "6", "--dim", "64", "--tokens", "1000", "--ranks", "3",
+         "--candidates", "stores:burst,stores:paced:16"]
     assert main(u) == 0
-    cap = capsys.readouterr()
-    assert "\r" not in cap.err and "plan ulysses: candidates simulated: 2/2" in cap.err
+    assert "pick:" in capsys.readouterr().out
     assert main([*u, "--json"]) == 0
     cap = capsys.readouterr()
-    assert cap.err == "" and _strict_json(cap.out)["pick"] in ("burst", "paced:16")
+    assert cap.err == "" and _strict_json(cap.out)["pick"] in ("stores:burst", "stores:paced:16")
 
 
 # ---- help ---------------------------------------------------------------------------------------------

@@ -29,55 +29,37 @@ from xstage.attention.layout import UlyssesPlan
 from xstage.errors import InputError
 
 _COPY_STREAMS: dict = {}
-BLOCK_M = 128  # query rows per tile of both attention cores on the GPU
 
 
-def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int, grid: int | None = None
-                   ) -> list[list[tuple[int, int]]]:
+def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tuple[int, int]]]:
     """Row ranges of the gathered sequence, block by block, in the order `overlap` computes them.
 
-    The remote rows come in rotated order (those after this rank's, then those before) and the
-    last block holds this rank's own rows. With `grid` (the programs of one wave of the attention
-    kernel), the remote rows are cut into `blocks - 1` blocks of whole waves of 128-row tiles, and
-    the remote rows short of a whole wave join the own rows in the last block: each launch then runs
-    full waves only, and the blocks together run as many waves as one launch would. Without `grid`
-    (or with less than a wave of remote rows) the remote rows are cut into nearly equal blocks of
-    whole tiles. A block may wrap around the end of the sequence, and then has two ranges."""
+    The remote rows (those after this rank's, then those before, i.e. the sequence rotated to start
+    after this rank's rows) are cut into `blocks - 1` blocks of nearly equal size, each a multiple
+    of `block_m` rows where it can be, so that no query tile is split; the last block holds this
+    rank's own rows. A block may wrap around the end of the sequence, and then has two ranges."""
     if blocks < 2:
         raise InputError(f"blocks={blocks}: overlap needs at least 2 (the remote rows, then the own rows)")
     S, r = plan.seq_total, plan.rank
     a, b = plan.tok0[r], plan.tok0[r + 1]
     remote = S - (b - a)
-
-    def rotated(x0: int, x1: int) -> list[tuple[int, int]]:
+    n_remote = blocks - 1
+    tiles = -(-remote // block_m)
+    n_remote = max(1, min(n_remote, tiles))
+    cuts = [min(remote, (tiles * i // n_remote) * block_m) for i in range(n_remote + 1)] if tiles else [0]
+    out: list[list[tuple[int, int]]] = []
+    for x0, x1 in zip(cuts, cuts[1:]):
         lo, hi = b + x0, b + x1  # rotated: row b + x, past the end wrapping to the start
+        if hi <= lo:
+            continue
         if hi <= S:
-            return [(lo, hi)]
-        if lo >= S:
-            return [(lo - S, hi - S)]
-        return [(lo, S), (0, hi - S)]
-
-    per_tile = max(1, plan.heads_of(r) * plan.batch)
-    unit = block_m * max(1, grid // per_tile) if grid else block_m
-    waves = remote // unit if grid else 0
-    if waves >= 1:
-        n = min(blocks - 1, waves)
-        cuts = [(waves * i // n) * unit for i in range(n + 1)]
-        tail = rotated(cuts[-1], remote) if remote > cuts[-1] else []
-    else:
-        tiles = -(-remote // block_m)
-        n = max(1, min(blocks - 1, tiles))
-        cuts = [min(remote, (tiles * i // n) * block_m) for i in range(n + 1)] if tiles else [0]
-        tail = []
-    out = [rotated(x0, x1) for x0, x1 in zip(cuts, cuts[1:]) if x1 > x0]
-    last = [rg for rg in tail if rg[1] > rg[0]]
-    if b > a:
-        if last and last[-1][1] == a:
-            last[-1] = (last[-1][0], b)  # the leftover rows end where the own rows start: one launch
+            out.append([(lo, hi)])
+        elif lo >= S:
+            out.append([(lo - S, hi - S)])
         else:
-            last.append((a, b))
-    if last:
-        out.append(last)
+            out.append([(lo, S), (0, hi - S)])
+    if b > a:
+        out.append([(a, b)])
     return out
 
 
@@ -160,9 +142,7 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
     cfg = config
-    # one wave of the attention kernels: a program per SM (the cuDNN kernels as the Triton one)
-    grid = torch.cuda.get_device_properties(og.device).multi_processor_count if og.is_cuda else None
-    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, grid)
+    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), cfg.block_m if cfg else 128)
     compute = torch.cuda.current_stream(og.device) if og.is_cuda else None
     copier = _copy_stream(og.device) if og.is_cuda else None
     if copier is not None:

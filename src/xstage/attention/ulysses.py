@@ -312,7 +312,8 @@ def ulysses_attention(
         if ctx.loopback:
             unpack_loopback(plan, state)
         else:
-            ctx.barrier()  # every rank's copies have landed (bounded by the context's watchdog)
+            # every rank's copies have landed: a device barrier on the stream, bounded by the watchdog
+            ctx.barrier(host=False)
             unpack_stage(plan, stage.local, out, [s for s in range(world) if s != rank])
     if check and not _capturing(q) and ex.mechanism != "serial":
         ctx.check()

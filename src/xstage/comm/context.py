@@ -225,11 +225,12 @@ class CommContext:
         """Zero this rank's signal pad (call `barrier()` after it before peers signal again)."""
         self.signal_pad.local.zero_()
 
-    def barrier(self) -> None:
+    def barrier(self, host: bool = True) -> None:
         """Wait for this rank's device work, then for every rank of the group. Bounded: a rank that does
         not arrive within the progress watchdog (`timeout_ns`) is named in a `CommTimeoutError`
-        (`xstage.comm.barrier`)."""
-        if self.device.type == "cuda":
+        (`xstage.comm.barrier`). `host=False`: only enqueue the device barrier on the current stream
+        (no host synchronisation, so CUDA graphs can capture it); a later `check()` reports a timeout."""
+        if host and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         if self.path != "peer":
             return
@@ -239,7 +240,8 @@ class CommContext:
         barrier_kernel[(1,)](words.ptrs, words.local, self.error, self.rank, self.world, self._barrier_epoch,
                              wait_bounds(self.timeout_ns, on_gpu)[1], STAGE=STAGE_BARRIER, USE_PTX=on_gpu,
                              num_warps=1)
-        self.check()
+        if host:
+            self.check()
 
     def close(self) -> None:
         """Free every buffer of this context (idempotent)."""

@@ -28,7 +28,13 @@ from xstage.results.progress import Progress
 from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
-from xstage.sched.exchange import default_exchange_costs, fit_exchange_costs, plan_exchange, validate_exchange
+from xstage.sched.exchange import (
+    check_predictable,
+    default_exchange_costs,
+    fit_exchange_costs,
+    plan_exchange,
+    validate_exchange,
+)
 from xstage.sched.measured import load_results
 from xstage.sched.moe import MoeConfig
 from xstage.sched.plan import check_plannable, default_ctas, plan_moe
@@ -80,18 +86,18 @@ def block_m_list(text: str | None) -> list[int] | None:
     return out
 
 
-def _checked_list(text: str | None, default, check, example: str) -> list[str]:
-    """A comma list for `--candidates`: `default` when absent; every item passes `check`."""
+def _checked_list(text: str | None, default, check, example: str, flag: str = "--candidates") -> list[str]:
+    """A comma list for `flag`: `default` when absent; every item passes `check`."""
     if text is None:
         return list(default)
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     if not items:
-        raise InputError(f"--candidates {text!r}: give at least one, e.g. {example}")
+        raise InputError(f"{flag} {text!r}: give at least one, e.g. {example}")
     for name in items:
         try:
             check(name)
         except InputError as exc:
-            raise InputError(f"--candidates {text}: {exc}") from None
+            raise InputError(f"{flag} {text}: {exc}") from None
     return items
 
 
@@ -100,10 +106,10 @@ def schedule_list(text: str | None) -> list[str]:
     return _checked_list(text, CANDIDATES, check_plannable, "expert_wave,lag:4")
 
 
-def exchange_list(text: str | None, default=EXCHANGE_CANDIDATES) -> list[str]:
-    """`--candidates` of `plan ulysses`, `--exchange` of `plan validate`: exchange spellings."""
-    return [str(parse_exchange(e)) for e in _checked_list(text, default, parse_exchange,
-                                                           "serial:cudnn,stores:paced:16")]
+def exchange_list(text: str | None, default=EXCHANGE_CANDIDATES, flag: str = "--candidates") -> list[str]:
+    """`--candidates` of `plan ulysses`, `--exchange` of `plan validate`: exchanges the planner predicts."""
+    return [str(parse_exchange(e)) for e in _checked_list(text, default, check_predictable,
+                                                           "serial:cudnn,stores:paced:16", flag)]
 
 
 def plot_path(value: str | None) -> Path | None:
@@ -271,7 +277,7 @@ def run_validate(args) -> int:
         Variant("expert_wave", args.default_pacing)  # a malformed pacing fails here, before any simulation
     except InputError as exc:
         raise InputError(f"--default-pacing {args.default_pacing}: {exc}") from None
-    exchanges = exchange_list(args.exchange, default=()) if args.exchange else None
+    exchanges = exchange_list(args.exchange, default=(), flag="--exchange") if args.exchange else None
     res = load_results(args.results, only=args.only)
     params = _load_profile(args.profile).params
     if res.kind == "ulysses":

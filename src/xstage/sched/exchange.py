@@ -102,12 +102,18 @@ def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
     return UlyssesPlan(ranks, 0, 1, split_sizes(tokens, ranks), heads, dim)
 
 
-def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, costs: ExchangeCosts,
-            elem_bytes: int = 2) -> Prediction:
-    """Predicted receiver-visible time of exchange `ex` for rank 0 of `ranks`."""
+def check_predictable(ex: str | Exchange) -> Exchange:
+    """`ex` parsed, or an `InputError` when the planner cannot predict it (`auto`, `tma`)."""
     ex = parse_exchange(ex)
     if ex.mechanism in ("auto", "tma"):
         raise InputError(f"exchange {str(ex)!r}: the planner predicts serial, overlap and stores only")
+    return ex
+
+
+def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, costs: ExchangeCosts,
+            elem_bytes: int = 2) -> Prediction:
+    """Predicted receiver-visible time of exchange `ex` for rank 0 of `ranks`."""
+    ex = check_predictable(ex)
     plan = _rank0(heads, dim, tokens, ranks)
     h = plan.heads_of(0)
     row_bytes = h * dim * elem_bytes
@@ -118,7 +124,7 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
         return Prediction(str(ex), alone + costs.copy_ns(core, remote), alone)
     if ex.mechanism == "overlap":
         t_comp = t_copy = 0.0
-        blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, costs.grid)
+        blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
         own = (plan.tok0[0], plan.tok0[1])
         for ranges in blocks:
             rows = sum(hi - lo for lo, hi in ranges)
@@ -243,8 +249,6 @@ def chooser(costs: ExchangeCosts | None = None):
 choose_exchange = chooser()
 
 
-__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "choose_exchange", "chooser", "default_exchange_costs",
-           "fit_exchange_costs", "plan_exchange", "predict"]
 
 
 def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequence[str] | None = None
@@ -288,3 +292,7 @@ def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequenc
                             "median_abs_overhead_error": float(np.median(e)),
                             "p90_abs_overhead_error": float(np.quantile(e, 0.9))})
     return out, summary
+
+
+__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "check_predictable", "choose_exchange", "chooser",
+           "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "validate_exchange"]

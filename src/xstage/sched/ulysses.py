@@ -1,4 +1,7 @@
-"""The fused Ulysses attention kernel as `KernelWork`: attention tiles and their exchange stores.
+"""The `stores` exchange of Ulysses attention as `KernelWork`: attention tiles and their stores.
+
+The event simulator's detailed model of the in-kernel exchange (`xstage.sched.exchange` ranks
+every exchange with closed forms instead, fast enough for `exchange="auto"`).
 
 After the first all-to-all a rank holds its share of the heads (rank 0: `ceil(heads / ranks)`) over
 the whole sequence. The fused
@@ -6,8 +9,8 @@ kernel (`xstage.attention.flash`) walks its query tiles `(b, h, m)` round-robin 
 grid and sends each finished tile's rows to the rank that owns them (rows `[p*S/P, (p+1)*S/P)`
 belong to rank p); rank 0 is simulated. Two exchanges:
 
-- `burst`: a tile's rows go out in its epilogue, all at once;
-- `paced:R`: the tile is parked and sent in chunks of R rows during the next tile's key loop, one
+- `stores:burst`: a tile's rows go out in its epilogue, all at once;
+- `stores:paced:R`: the tile is parked and sent in chunks of R rows during the next tile's key loop, one
   chunk every `n_blocks / (n_chunks + 1)` key blocks, each program at its own phase of that period;
   the last tile's chunks go after the loop. The task list follows the kernel: each tile is split at
   the key blocks where a chunk of the previous tile leaves.
@@ -18,7 +21,7 @@ same kernel with the exchange off: a tile costs that kernel's time over its roun
 
 Example:
     cfg = UlyssesConfig(heads=24, head_dim=128, tokens=32760, ranks=8)
-    work = ulysses_work(cfg, "paced:16", load_default_costs("attention"))
+    work = ulysses_work(cfg, "stores:paced:16", load_default_costs("attention"))
 """
 
 from __future__ import annotations
@@ -29,14 +32,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xstage.attention.exchange import parse_exchange
 from xstage.errors import InputError
 from xstage.model import load_default_profile
-from xstage.model.params import PathParams
 from xstage.sched.calibrate import fit_kind
 from xstage.sched.costs import TaskCosts
 from xstage.sched.measured import check_ulysses_rows
-from xstage.sched.moe import remote_path
-from xstage.sched.simulate import simulate_kernel
 from xstage.sched.work import KernelWork, Task, require_positive_ints
 
 REMOTE = 1  # destination id of the other ranks (rank 0's own rows are local)
@@ -89,26 +90,15 @@ def cost_kind(head_dim: int, block_m: int, block_n: int) -> str:
     return f"attention@{block_m}x{block_n}x{head_dim}"
 
 
-def parse_exchange(name: str) -> tuple[str, int]:
-    """`"burst"` -> ("burst", 0); `"paced:16"` -> ("paced", 16)."""
-    kind, _, rows = name.partition(":")
-    if kind == "burst" and not rows:
-        return kind, 0
-    if kind == "paced":
-        try:
-            r = int(rows)
-        except ValueError:
-            r = 0
-        if r >= 1 and not r & (r - 1):
-            return kind, r
-    raise InputError(f"exchange {name!r}: expected 'burst' or 'paced:R' with R a power of two (rows per chunk)")
-
-
 def ulysses_work(cfg: UlyssesConfig, exchange: str, costs: TaskCosts | None, tile_ns: float | None = None
                  ) -> KernelWork:
     """Rank 0's fused kernel as per-program task lists (see module docstring). `tile_ns` (optional)
     replaces the fitted tile cost, e.g. by the measured attention-alone time of this configuration."""
-    kind, chunk_rows = parse_exchange(exchange)
+    ex = parse_exchange(exchange)
+    if ex.mechanism != "stores":
+        raise InputError(f"exchange {exchange!r}: the task model covers the in-kernel stores only")
+    kind = "burst" if ex.burst else "paced"
+    chunk_rows = ex.chunk_rows or max(1, 2048 // cfg.head_dim)
     if tile_ns is None:
         if costs is None:
             raise InputError("ulysses_work: give task costs or tile_ns")
@@ -170,14 +160,15 @@ def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128, *,
     check_ulysses_rows(rows, source, lines)
     by_dim: dict[int, list[tuple[float, float]]] = {}
     for r in rows:
-        if r.get("variant") != "attention":
+        if r.get("variant") not in ("attention", "attention:triton"):
             continue
         try:
             cfg = UlyssesConfig(heads=int(r["heads"]), head_dim=int(r["dim"]), tokens=int(r["tokens"]),
                                 ranks=int(r["P"]), block_m=int(r.get("block_m") or block_m),
                                 block_n=int(r.get("block_n") or block_n), grid=int(r["grid"]))
             rounds = math.ceil(cfg.tiles / cfg.grid)
-            by_dim.setdefault(cfg.head_dim, []).append((cfg.tile_work(), float(r["sender_ns"]) / rounds))
+            by_dim.setdefault(cfg.head_dim, []).append((cfg.tile_work(), float(r.get("time_ns") or r["sender_ns"])
+                                                        / rounds))
         except (KeyError, ValueError) as exc:
             raise InputError(f"Ulysses results row {r.get('heads')}x{r.get('dim')}/{r.get('tokens')}: "
                              f"malformed ({exc})") from None
@@ -193,81 +184,3 @@ def attention_costs(rows: list[dict], block_m: int = 128, block_n: int = 128, *,
         quality[cost_kind(d, block_m, block_n)] = {"points": len(pts), "median_abs_rel_error": float(np.median(err)),
                                                    "max_abs_rel_error": float(err.max())}
     return TaskCosts("attention", kinds, {"source": "attention-alone rows of a Ulysses benchmark CSV"}, quality)
-
-
-DEFAULT_EXCHANGES = ("burst", "paced:8", "paced:16", "paced:32", "paced:64")
-
-
-def plan_ulysses(cfg: UlyssesConfig, path: PathParams, costs: TaskCosts,
-                 candidates: Sequence[str] = DEFAULT_EXCHANGES, progress=None) -> list[tuple[str, float, dict]]:
-    """(exchange, predicted kernel ns, breakdown) of every candidate, fastest first; `progress(done,
-    total)` is called after each candidate's simulation."""
-    if not candidates:
-        raise InputError("candidates: at least one exchange is needed")
-    for name in candidates:
-        parse_exchange(name)  # every name is checked before the first simulation
-    out = []
-    for name in candidates:
-        res = simulate_kernel(ulysses_work(cfg, name, costs), {"remote": remote_path(path)})
-        out.append((name, res.time_ns, res.breakdown()))
-        if progress:
-            progress(len(out), len(candidates))
-    return sorted(out, key=lambda r: r[1])
-
-
-def _row_config(r: dict) -> UlyssesConfig:
-    try:
-        return UlyssesConfig(heads=int(r["heads"]), head_dim=int(r["dim"]), tokens=int(r["tokens"]),
-                             ranks=int(r["P"]), block_m=int(r.get("block_m") or 128),
-                             block_n=int(r.get("block_n") or 128), grid=int(r["grid"]))
-    except (KeyError, ValueError) as exc:
-        raise InputError(f"Ulysses results row {r.get('heads')}x{r.get('dim')}/{r.get('tokens')}: "
-                         f"malformed ({exc})") from None
-
-
-def fused_ulysses_rows(rows: Sequence[dict]) -> list[dict]:
-    """The rows `validate_ulysses` predicts: the fused kernel's, with a measured time."""
-    return [r for r in rows if r.get("variant") == "fused" and r.get("sender_ns") not in ("", None)]
-
-
-def validate_ulysses(rows: list[dict], path: PathParams, costs: TaskCosts, exchange: str = "burst", *,
-                     progress=None, source: str = "Ulysses results", lines: Sequence[int] | None = None
-                     ) -> tuple[list[dict], dict]:
-    """Predicted vs measured fused kernel (sender) time of every `fused` row, which ran `exchange`.
-
-    Each row is predicted twice: with the fitted tile costs (`predicted_ns`, no timing of that
-    configuration) and with its own attention-alone time as the tile cost (`predicted_exchange_ns`:
-    what the exchange model adds to a measured compute). The rows are checked first
-    (`check_ulysses_rows`); `progress(done, total)` is called after each fused row."""
-    parse_exchange(exchange)
-    check_ulysses_rows(rows, source, lines)
-    attn = {(r["heads"], r["dim"], r["tokens"], r["P"]): float(r["sender_ns"]) for r in rows
-            if r.get("variant") == "attention" and r.get("sender_ns") not in ("", None)}
-    todo = fused_ulysses_rows(rows)
-    out = []
-    for r in todo:
-        cfg = _row_config(r)
-        p = remote_path(path)
-        pred = simulate_kernel(ulysses_work(cfg, exchange, costs), {"remote": p}).time_ns
-        a = attn.get((r["heads"], r["dim"], r["tokens"], r["P"]))
-        pred_x = math.nan
-        if a is not None:
-            tile = a / math.ceil(cfg.tiles / min(cfg.grid, cfg.tiles))
-            pred_x = simulate_kernel(ulysses_work(cfg, exchange, None, tile_ns=tile), {"remote": p}).time_ns
-        m = float(r["sender_ns"])
-        out.append({"heads": cfg.heads, "dim": cfg.head_dim, "tokens": cfg.tokens, "P": cfg.ranks,
-                    "exchange": exchange, "measured_ns": m, "attention_ns": a if a is not None else math.nan,
-                    "predicted_ns": pred, "rel_error": pred / m - 1, "predicted_exchange_ns": pred_x,
-                    "rel_error_exchange": pred_x / m - 1})
-        if progress:
-            progress(len(out), len(todo))
-    if not out:
-        raise InputError(f"{source}: no 'fused' rows with a measured sender_ns to validate; its variants are "
-                         f"{', '.join(sorted({str(r['variant']) for r in rows}))}")
-    e = np.abs([o["rel_error"] for o in out])
-    ex = np.abs([o["rel_error_exchange"] for o in out if not math.isnan(o["rel_error_exchange"])])
-    summary = {"rows": len(out), "median_abs_rel_error": float(np.median(e)), "p90_abs_rel_error":
-               float(np.quantile(e, 0.9)), "median_abs_rel_error_measured_tiles":
-               float(np.median(ex)) if len(ex) else math.nan,
-               "p90_abs_rel_error_measured_tiles": float(np.quantile(ex, 0.9)) if len(ex) else math.nan}
-    return out, summary

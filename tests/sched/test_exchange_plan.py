@@ -1,0 +1,105 @@
+"""The Ulysses exchange planner: cost fit, predictions of every mechanism, `auto`, validation."""
+
+import math
+
+import pytest
+
+from xstage.attention.exchange import Exchange, resolve_auto
+from xstage.attention.layout import UlyssesPlan, split_sizes
+from xstage.errors import InputError
+from xstage.sched.exchange import (
+    BLOCK_M,
+    ExchangeCosts,
+    check_predictable,
+    chooser,
+    fit_exchange_costs,
+    plan_exchange,
+    predict,
+    validate_exchange,
+)
+
+# Test inputs, not measurements: ns, ns per unit of rounds x work, bytes per second.
+TRUE = ExchangeCosts(attention={("triton", 64): (20e3, 2e-4), ("cudnn", 64): (10e3, 1.5e-4)},
+                     copy={"triton": (5e3, 25e9), "cudnn": (8e3, 20e9)},
+                     stores={(False, 64): 0.05, (True, 64): 0.10}, drain=50e9, grid=16)
+
+
+def _rows(costs: ExchangeCosts) -> list[dict]:
+    """A calibration grid whose times follow `costs` exactly."""
+    rows = []
+    for tokens in (2048, 4096, 16384):
+        for P in (2, 4):
+            H, D = 8, 64
+            plan = UlyssesPlan(P, 0, 1, split_sizes(tokens, P), H, D)
+            h = plan.heads_of(0)
+            remote = (tokens - plan.seq_lens[0]) * h * D * 2
+            base = {"heads": H, "dim": D, "tokens": tokens, "P": P, "grid": costs.grid, "remote_bytes": remote}
+            for core in ("triton", "cudnn"):
+                alone = costs.attention_ns(core, tokens, h, tokens, D)
+                rows.append({**base, "variant": f"attention:{core}", "time_ns": alone})
+                serial = "serial" if core == "triton" else "serial:cudnn"
+                rows.append({**base, "variant": serial, "time_ns": alone + costs.copy_ns(core, remote)})
+            for name in ("stores:paced", "stores:burst"):
+                rows.append({**base, "variant": name, "time_ns": predict(name, H, D, tokens, P, costs).time_ns})
+    return rows
+
+
+def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
+    got = fit_exchange_costs(_rows(TRUE), drain=TRUE.drain)
+    for key, (a, b) in TRUE.attention.items():
+        assert got.attention[key] == pytest.approx((a, b), rel=1e-6)
+    for core, (x0, rate) in TRUE.copy.items():
+        assert got.copy[core][0] == pytest.approx(x0, rel=1e-4) and got.copy[core][1] == pytest.approx(rate, rel=1e-6)
+    with pytest.raises(InputError, match="no timed rows"):
+        fit_exchange_costs([], drain=1e9)
+
+
+def test_predictions_follow_the_model():
+    H, D, T, P = 8, 64, 16384, 4
+    plan = UlyssesPlan(P, 0, 1, split_sizes(T, P), H, D)
+    h = plan.heads_of(0)
+    remote = (T - plan.seq_lens[0]) * h * D * 2
+    serial = predict("serial:cudnn", H, D, T, P, TRUE)
+    alone = TRUE.attention_ns("cudnn", T, h, T, D)
+    assert serial.attention_ns == alone and serial.time_ns == pytest.approx(alone + TRUE.copy_ns("cudnn", remote))
+    # overlap: the remote block's copy hides behind the own block, the rest is the blocks' compute
+    ov = predict("overlap:cudnn", H, D, T, P, TRUE)
+    blocks = TRUE.attention_ns("cudnn", remote // (h * D * 2), h, T, D) + TRUE.attention_ns(
+        "cudnn", plan.seq_lens[0], h, T, D)
+    assert ov.time_ns == pytest.approx(max(blocks, TRUE.attention_ns("cudnn", T - plan.seq_lens[0], h, T, D)
+                                           + TRUE.copy_ns("cudnn", remote)))
+    # stores: the slower key loop, and never faster than the link carries the remote bytes
+    st = predict("stores:paced", H, D, T, P, TRUE)
+    assert st.time_ns >= TRUE.attention_ns("triton", T, h, T, D) * 1.05 and st.time_ns >= remote / TRUE.drain * 1e9
+    ranked = plan_exchange(H, D, T, P, TRUE)
+    assert [p.time_ns for p in ranked] == sorted(p.time_ns for p in ranked)
+    for bad in ("tma", "auto"):
+        with pytest.raises(InputError, match="predicts serial, overlap and stores only"):
+            check_predictable(bad)
+    assert BLOCK_M == 128
+
+
+def test_auto_is_the_planner_pick_and_is_registered_by_import():
+    import xstage  # noqa: F401  (registers the planner)
+
+    plan = UlyssesPlan(4, 1, 1, split_sizes(8192, 4), 24, 128)
+    got = resolve_auto(plan, None, "host", None)
+    assert isinstance(got, Exchange) and got.mechanism in ("serial", "overlap", "stores")
+    mine = chooser(TRUE)(UlyssesPlan(2, 0, 1, split_sizes(4096, 2), 8, 64), None, "hbm", None)
+    assert mine == plan_exchange(8, 64, 4096, 2, TRUE)[0].exchange
+
+
+def test_validation_scores_the_overhead_against_the_same_core():
+    rows = _rows(TRUE)
+    out, summary = validate_exchange(rows, TRUE)
+    assert {s["exchange"] for s in summary} == {"serial", "serial:cudnn", "stores:paced", "stores:burst"}
+    assert all(s["median_abs_overhead_error"] == pytest.approx(0, abs=1e-9) for s in summary)
+    # 1% of attention more overhead than predicted, on every serial row
+    for r in rows:
+        if r["variant"] == "serial:cudnn":
+            alone = next(x for x in rows if x["variant"] == "attention:cudnn" and x["tokens"] == r["tokens"]
+                         and x["P"] == r["P"])["time_ns"]
+            r["time_ns"] += 0.01 * alone
+    _, summary = validate_exchange(rows, TRUE, ["serial:cudnn"])
+    assert summary[0]["median_abs_overhead_error"] == pytest.approx(0.01, rel=1e-6)
+    assert not math.isnan(summary[0]["p90_abs_overhead_error"])
