@@ -89,13 +89,19 @@ def _worker(rank, world, port, use_gpu, dtype, results):
                 if f"peer {world - 1}" not in str(e) or "ulysses_output" not in str(e):
                     failures.append(f"rank {rank}: unexpected message {e}")
         dist.barrier()
-        # overlap: a rank that never sends its rows nor reaches the barrier is named at comm.barrier
+        # overlap: a rank that never sends its rows nor reaches the barrier is named at comm.barrier;
+        # the others meet first on the host, and wait long enough for each other's barrier kernels
         ctx.reset_error()
+        ctx.timeout_ns = 200_000_000 if use_gpu else 400_000_000
         og = empty_gathered_out(plan, dtype, device)
         stage = _stage_buffer(state, ctx)
         if rank != world - 1:
             run_overlap(plan, parse_exchange("overlap"), qg, kg, vg, og, torch.empty_like(og[:, :seq[rank]]),
                         stage.peers)
+            if use_gpu:
+                torch.cuda.synchronize()
+        dist.barrier()
+        if rank != world - 1:
             ctx.barrier(host=False)
             try:
                 ctx.check()

@@ -1,19 +1,21 @@
-"""`xstage.attention`: Triton FlashAttention forward and Ulysses attention with the fused exchange.
+"""`xstage.attention`: Triton FlashAttention forward and Ulysses attention with its exchanges.
 
 - `flash_attention(q, k, v, *, softmax_scale, kv_lens, out, config)`: non-causal, `[B, S, H, D]`.
-- `ulysses_attention(q, k, v, group=None, *, softmax_scale, mode="fused"|"serial", comm, seq_lens)`
-  and `UlyssesAttention` (`nn.Module`, yunchang's layout and call signature).
-- `torch.ops.xstage.ulysses_attention(q, k, v, group_name, softmax_scale, mode)`: the custom op
+- `ulysses_attention(q, k, v, group=None, *, softmax_scale, exchange="auto", comm, seq_lens)` and
+  `UlyssesAttention` (`nn.Module`, yunchang's layout and call signature); `exchange` spellings in
+  `xstage.attention.exchange` (`Exchange`, `parse_exchange`).
+- `torch.ops.xstage.ulysses_attention(q, k, v, group_name, softmax_scale, exchange)`: the custom op
   (fake implementation; `torch.compile` and CUDA graphs); `register_comm(name, ctx)` names a context.
 - `attention_reference`, `ulysses_reference`: plain-torch ground truth.
 """
 
+from xstage.attention.exchange import Exchange, parse_exchange
 from xstage.attention.flash import FlashConfig, default_config, flash_attention
 from xstage.attention.ops import register_comm, ulysses_attention_op
 from xstage.attention.reference import attention_reference, ulysses_reference
 from xstage.attention.ulysses import UlyssesAttention, ulysses_attention
 
 __all__ = [
-    "FlashConfig", "UlyssesAttention", "attention_reference", "default_config", "flash_attention",
-    "register_comm", "ulysses_attention", "ulysses_attention_op", "ulysses_reference",
+    "Exchange", "FlashConfig", "UlyssesAttention", "attention_reference", "default_config", "flash_attention",
+    "parse_exchange", "register_comm", "ulysses_attention", "ulysses_attention_op", "ulysses_reference",
 ]

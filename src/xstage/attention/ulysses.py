@@ -325,9 +325,9 @@ def ulysses_attention(
 def check_runnable(ex: Exchange, device: torch.device) -> None:
     """An `InputError` naming the mechanisms that can run when `ex` cannot run on `device`."""
     if ex.mechanism == "tma":
-        raise InputError(f"exchange {str(ex)!r}: cannot run here: Triton 3.6 issues no bulk (TMA) stores to "
-                         "another rank's buffer (benchmarks/results/h200-tma-store/); these can: serial, "
-                         "overlap, stores, auto")
+        raise InputError(f"exchange {str(ex)!r}: cannot run here: with Triton 3.6 a bulk (TMA) store of a tile "
+                         "that straddles two ranks' rows faults (benchmarks/results/h200-tma-store/); these can: "
+                         "serial, overlap, stores, auto")
 
 
 def unpack_loopback(plan: UlyssesPlan, state: FusedState) -> None:

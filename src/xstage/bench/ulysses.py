@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import math
 import time
 from pathlib import Path
@@ -38,6 +39,7 @@ from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes
 from xstage.attention.overlap import run_overlap, run_serial_copies
 from xstage.attention.ulysses import (
     _stage_buffer,
+    check_runnable,
     fused_state,
     loopback_gather,
     run_fused,
@@ -114,7 +116,12 @@ def check_variants(variants) -> list[str]:
     """Each name a core (`attention:triton`, `attention:cudnn`) or an exchange spelling, canonical."""
     out = []
     for v in variants:
-        out.append(v if v in CORES else str(parse_exchange(v)))
+        if v in CORES:
+            out.append(v)
+            continue
+        ex = parse_exchange(v)
+        check_runnable(ex, torch.device("cpu"))  # `tma` cannot run: say so before any GPU work
+        out.append(str(ex))
     if len(set(out)) != len(out):
         raise InputError(f"--exchange: a variant is named twice in {','.join(variants)}")
     return out
@@ -435,8 +442,12 @@ def write_report(out_dir) -> Path:
 def _variant_list(text: str) -> list[str]:
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
-        raise InputError(f"--exchange {text!r}: expected a comma-separated list, e.g. attention:triton,serial:cudnn")
-    return check_variants(names)
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a comma-separated list, e.g. "
+                                         "attention:triton,serial:cudnn")
+    try:
+        return check_variants(names)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _handler(args) -> int:
@@ -465,7 +476,7 @@ def _handler(args) -> int:
                                        source=str(res.path))
             register_chooser(chooser(costs))
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
-                 max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid,
+                 max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
                  graphs=not args.eager)
     summary = write_report(args.out)
 
@@ -489,7 +500,7 @@ def register_bench(grids) -> None:
     p.add_argument("--calibration", metavar="CSV", help="ulysses.csv of a `--grid calibration` run: the planner "
                    "behind `auto` is fitted on it (default: the embedded calibration)")
     p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
-    p.add_argument("--grid", choices=("main", "calibration"), default="main",
+    p.add_argument("--grid", dest="grid_set", choices=("main", "calibration"), default="main",
                    help="main: the 54 configurations; calibration: the planner's calibration shapes "
                    "(default %(default)s)")
     p.add_argument("--tuned-from", action="append", default=None,
