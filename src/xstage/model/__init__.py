@@ -8,7 +8,9 @@ Public API (stable):
   `completion_time`, `recovery_time`, `two_burst_issue_time`, `periodic_onset_index`,
   `periodic_steady_issue_time`, `periodic_issue_times`, `burst`, `after_gap`.
 * `PathSimulator` (incremental: `start_burst`, `next_event_time`, `advance`, `backlog`,
-  `completion_ns`) and `simulate_bursts(params, programs)` -> `BurstResult`.
+  `completion_ns`; the reference engine), `FastPathSimulator` (the same on the compiled engine,
+  `fastsim.py`), `path_simulator(..., engine="fast"|"reference")` and
+  `simulate_bursts(params, programs, engine=...)` -> `BurstResult`.
 * Data: `LONG_COLUMNS`, `SUMMARY_COLUMNS`, `SCHEMA`, `validate_long`, `summarise`,
   `read_observations`, `load_reference_data`, `Observations`.
 * Fitting: `fit_path`, `evaluate_loco`, `calibration_design`, `synthetic_observations`.
@@ -36,16 +38,17 @@ from xstage.model.data import (
     validate_long,
 )
 from xstage.model.design import calibration_design, synthetic_observations
+from xstage.model.fastsim import FastPathSimulator
 from xstage.model.fit import FitResult, evaluate_loco, fit_path
 from xstage.model.params import PathParams
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.profile import Profile, load_default_profile, load_reference_profile
-from xstage.model.simulate import BurstResult, PathSimulator, simulate_bursts
+from xstage.model.simulate import BurstResult, PathSimulator, path_simulator, simulate_bursts
 
 __all__ = [
-    "LONG_COLUMNS", "SCHEMA", "SUMMARY_COLUMNS", "BurstResult", "FitResult", "Observations", "PathParams",
-    "PathSimulator", "Profile", "build_profile", "calibration_design", "closed_form", "evaluate_loco",
-    "fit_path", "load_default_profile", "load_reference_data", "load_reference_profile", "plot_issue_vs_burst",
-    "plot_issue_vs_gap",
-    "predict", "read_observations", "simulate_bursts", "summarise", "synthetic_observations", "validate_long",
+    "LONG_COLUMNS", "SCHEMA", "SUMMARY_COLUMNS", "BurstResult", "FastPathSimulator", "FitResult", "Observations",
+    "PathParams", "PathSimulator", "Profile", "build_profile", "calibration_design", "closed_form", "evaluate_loco",
+    "fit_path", "load_default_profile", "load_reference_data", "load_reference_profile", "path_simulator",
+    "plot_issue_vs_burst", "plot_issue_vs_gap", "predict", "read_observations", "simulate_bursts", "summarise",
+    "synthetic_observations", "validate_long",
 ]

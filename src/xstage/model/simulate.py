@@ -40,6 +40,7 @@ from collections import deque
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.model.fastsim import FastPathSimulator, check_simulator_args, play_programs
 from xstage.model.params import NS, PathParams
 
 _TOL_B = 1e-6
@@ -89,19 +90,7 @@ class PathSimulator:
     """
 
     def __init__(self, params: PathParams, n_sm: int, multiplicity=None, weights=None):
-        if not isinstance(params, PathParams):
-            raise InputError("params must be a PathParams")
-        if int(n_sm) != n_sm or n_sm < 1:
-            raise InputError(f"n_sm must be an integer >= 1, got {n_sm!r}")
-        n = int(n_sm)
-        mult = [1.0] * n if multiplicity is None else [float(m) for m in multiplicity]
-        if len(mult) != n or any(m < 1 or m != int(m) for m in mult):
-            raise InputError(f"multiplicity must list {n} integers >= 1")
-        if weights is None:
-            weights = _class_weights(params, mult)
-        wts = [float(w) for w in weights]
-        if len(wts) != n or any(not (w > 0 and math.isfinite(w)) for w in wts):
-            raise InputError(f"weights must list {n} finite numbers > 0")
+        n, mult, wts = check_simulator_args(params, n_sm, multiplicity, weights)
         self.params = params
         self.n_sm = n
         self.mult = mult
@@ -310,17 +299,6 @@ class PathSimulator:
         return done
 
 
-def _class_weights(params: PathParams, mult: list[float]) -> list[float]:
-    """Weight of each slot: the spread's log-uniform weight at the middle of the slot's SMs."""
-    total = sum(mult)
-    out, first = [], 0.0
-    for m in mult:
-        mid = (first + m / 2.0) / total
-        out.append(params.spread ** (mid - 0.5))
-        first += m
-    return out
-
-
 @dataclasses.dataclass
 class BurstResult:
     """Per SM slot, per burst: start, issue end and completion (ns), issue time and bytes."""
@@ -365,25 +343,40 @@ def _check_programs(programs) -> list[list[tuple[float, float]]]:
     return out
 
 
+ENGINES = ("fast", "reference")
+
+
+def path_simulator(params: PathParams, n_sm: int, multiplicity=None, weights=None, engine: str = "fast"):
+    """A path simulator on `engine`: "fast" (`xstage.model.fastsim`, compiled) or "reference" (this
+    module's `PathSimulator`, kept for the tests that hold the fast one to it)."""
+    if engine == "fast":
+        return FastPathSimulator(params, n_sm, multiplicity, weights)
+    if engine == "reference":
+        return PathSimulator(params, n_sm, multiplicity, weights)
+    raise InputError(f"engine {engine!r}: must be one of {', '.join(ENGINES)}")
+
+
 def simulate_bursts(params: PathParams, programs, start_ns=None, multiplicity=None,
-                    weights=None) -> BurstResult:
+                    weights=None, engine: str = "fast") -> BurstResult:
     """Play per-SM programs of `(burst_bytes, gap_ns)` (gap after each burst) through one path.
 
     SMs start together at t=0 unless `start_ns[sm]` says otherwise; `multiplicity[sm]` makes a slot
-    stand for that many identical SMs (same program, same weight).
+    stand for that many identical SMs (same program, same weight). `engine`: see `path_simulator`.
     """
     progs = _check_programs(programs)
     n = len(progs)
     starts = [0.0] * n if start_ns is None else [float(s) for s in start_ns]
     if len(starts) != n or any(not (s >= 0 and math.isfinite(s)) for s in starts):
         raise InputError(f"start_ns must list {n} finite times >= 0 ns")
-    sim = PathSimulator(params, n, multiplicity, weights)
+    if engine == "fast":
+        return BurstResult(*play_programs(params, progs, starts, multiplicity, weights))
+    sim = path_simulator(params, n, multiplicity, weights, engine)
     ids: list[list[int]] = [[] for _ in range(n)]
     heap = [(starts[sm], sm, 0) for sm in range(n) if progs[sm]]
     heapq.heapify(heap)
     while heap or any(ph != _IDLE for ph in sim.phase):
         t_next = heap[0][0] if heap else math.inf
-        done = sim._run(t_next, stop_on_issue_end=True)
+        done = sim.advance_until(t_next)
         if done:
             for sm, t_end in done:
                 j = len(ids[sm])

@@ -3,7 +3,7 @@ shared queue when free), stores go through the Burst-Gap path simulator, waits h
 
 Each CTA is one issuer on its SM (persistent kernels here run one CTA per SM). A task waits for its
 dependencies, computes for `compute_ns`, then issues its stores destination by destination; every
-path-bound burst goes through that path's `xstage.model.PathSimulator`, shared by all CTAs, so
+path-bound burst goes through that path's simulator (`xstage.model.simulate.path_simulator`), shared by all CTAs, so
 concurrent bursts fill the per-SM and shared windows together and later bursts stall. A task is
 finished when its last store has issued (sender-visible); consumers of its output may start then.
 
@@ -14,6 +14,7 @@ an empty path (backpressure-free); `stall` is the rest of the measured-by-model 
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import defaultdict
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from xstage.errors import InputError
 from xstage.model import closed_form
 from xstage.model.params import PathParams
-from xstage.model.simulate import PathSimulator
+from xstage.model.simulate import path_simulator
 from xstage.sched.work import KernelWork, Task
 
 KINDS = ("compute", "issue", "stall", "wait")
@@ -63,7 +64,9 @@ class SimResult:
         return dict(end)
 
 
+@functools.lru_cache(maxsize=4096)
 def _free_issue_ns(params: PathParams, nbytes: int) -> float:
+    # kernels store the same few burst sizes thousands of times: remember each one's free issue time
     return closed_form.issue_time(params.replace(c_sm=math.inf, capacity=math.inf), nbytes)
 
 
@@ -83,16 +86,18 @@ class _Cta:
         return self.tasks[self.pos] if self.pos < len(self.tasks) else None
 
 
-def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_backlog: bool = False) -> SimResult:
+def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_backlog: bool = False,
+                    engine: str = "fast") -> SimResult:
     """Predict the kernel time of `work` with the store paths `paths` (path name -> parameters).
 
-    `trace_backlog` records each path's backlog (bytes outstanding) at every path event.
+    `trace_backlog` records each path's backlog (bytes outstanding) at every path event. `engine`:
+    the path simulator, "fast" (compiled) or "reference" (`xstage.model.simulate.path_simulator`).
     """
     missing = [p for p in work.paths() if p not in paths]
     if missing:
         raise InputError(f"paths: no parameters for store path(s) {missing}")
     n = len(work.ctas)
-    sims = {name: PathSimulator(paths[name], n) for name in work.paths()}
+    sims = {name: path_simulator(paths[name], n, engine=engine) for name in work.paths()}
     ctas = [_Cta(i, tasks) for i, tasks in enumerate(work.ctas)]
     segments: list[Segment] = []
     task_end: dict[str, float] = {}
