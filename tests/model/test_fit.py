@@ -75,3 +75,14 @@ def test_weighted_quantile_counts_weights():
     v = np.array([1.0, 2.0, 3.0])
     assert weighted_quantile(v, np.array([1.0, 1.0, 1.0]), 0.5) == 2.0
     assert weighted_quantile(v, np.array([10.0, 1.0, 1.0]), 0.5) == 1.0
+
+
+def test_bootstrap_rounds_in_worker_processes_equal_the_serial_ones():
+    from xstage.model.fit import bootstrap_draws
+
+    obs = synthetic_observations(TRUTH, calibration_design(4, sm_counts=[1, 4]), noise=0.03, seed=5)
+    res = fit_path(obs, structure="base")
+    names = list(res.fitted)
+    serial = bootstrap_draws(obs, res.params, names, rounds=3, classes=4, seed=9, max_nfev=20)
+    parallel = bootstrap_draws(obs, res.params, names, rounds=3, classes=4, seed=9, max_nfev=20, workers=2)
+    assert serial == parallel and len(serial[names[0]]) == 3

@@ -59,7 +59,8 @@ def build_profile(obs: Observations, structure: str = "full", bootstrap: int = 2
         raise InputError(f"data: need at least {MIN_CONFIGS + 1} configurations (path, n_sm, burst_bytes) for "
                          f"leave-one-out, got {len(obs.configs())}")
     res = fit_path(obs, structure=structure, bootstrap=bootstrap, classes=classes, seed=seed,
-                   progress=progress("bootstrap") if progress else None, store=store, on_point_fit=on_point_fit)
+                   progress=progress("bootstrap") if progress else None, store=store, on_point_fit=on_point_fit,
+                   workers=workers)
     quality = {"residuals": res.residuals, "cross_checks": res.cross_checks}
     struct = {"chosen": structure, "free": list(res.fitted)}
     for s in todo:

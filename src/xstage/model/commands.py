@@ -333,7 +333,7 @@ def run_fit(args) -> int:
     with Progress(total, "xstage fit", quiet=quiet) as bar:
 
         def on_point_fit(seconds: float) -> None:
-            rest = n_boot * seconds + n_loco * seconds / min(workers, max(n_cfg, 1))
+            rest = n_boot * seconds / min(workers, max(n_boot, 1)) + n_loco * seconds / min(workers, max(n_cfg, 1))
             if total > 1:
                 say(f"the point fit took {seconds:.1f} s; the other {total - 1} fits should take about "
                     f"{_fmt_duration(rest)} (extrapolated from the point fit; bootstrap refits start from its "
@@ -426,7 +426,7 @@ def register(sub) -> None:
                    help="leave-one-configuration-out error of every structure (implies --loco; one fit per "
                         "configuration per structure) (default: off)")
     f.add_argument("--workers", default="1", metavar="N",
-                   help=f"processes for the leave-one-out fits, 1..{MAX_WORKERS} (default 1)")
+                   help=f"processes for the bootstrap refits and the leave-one-out fits, 1..{MAX_WORKERS} (default 1)")
     f.add_argument("--json", action="store_true",
                    help="print the profile as standard JSON on standard output, no progress (default: text and "
                         "progress on standard error)")

@@ -308,12 +308,13 @@ def fit_point(obs: Observations, structure: str = DEFAULT_STRUCTURE, classes: in
 def fit_path(obs: Observations, structure: str = DEFAULT_STRUCTURE, bootstrap: int = 0,
              classes: int = DEFAULT_CLASSES, seed: int = 0, progress: Callable | None = None,
              max_nfev: int = 200, store: BootstrapStore | None = None,
-             on_point_fit: Callable[[float], None] | None = None) -> FitResult:
+             on_point_fit: Callable[[float], None] | None = None, workers: int = 1) -> FitResult:
     """Fit one path's parameters; `bootstrap` rounds of configuration resampling give the intervals.
 
     `progress(done, total)` follows the bootstrap rounds this call runs; `store` keeps finished rounds
     (its key must be `fit_key(obs, structure, classes, seed, max_nfev)`); `on_point_fit(seconds)` is
-    called after the point fit, before the bootstrap.
+    called after the point fit, before the bootstrap; `workers > 1` refits the rounds in that many
+    spawned processes (each round draws from its own generator, so the result does not change).
     """
     _check_fit_input(obs)
     if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or bootstrap < 0:
@@ -340,7 +341,7 @@ def fit_path(obs: Observations, structure: str = DEFAULT_STRUCTURE, bootstrap: i
     if has_c.any():
         rc = np.abs(cpl[has_c] / obs.completion_med[has_c] - 1.0)
         residuals["completion_median_rel"] = weighted_quantile(rc, w[has_c], 0.5)
-    draws = bootstrap_draws(obs, params, names, bootstrap, classes, seed, progress, max_nfev, store)
+    draws = bootstrap_draws(obs, params, names, bootstrap, classes, seed, progress, max_nfev, store, workers)
     intervals, widened = {}, []
     for n, v in draws.items():
         lo, hi, wide = iv.percentile_interval(v, getattr(params, n))
@@ -448,21 +449,40 @@ def _bootstrap_round(obs: Observations, params: PathParams, names, classes: int,
     return {n: float(getattr(p, n)) for n in names}
 
 
+def _bootstrap_job(job) -> tuple[int, dict]:
+    obs, params, names, classes, seed, r, max_nfev = job
+    return r, _bootstrap_round(obs, params, names, classes, seed, r, max_nfev)
+
+
 def bootstrap_draws(obs: Observations, params: PathParams, names, rounds: int, classes: int, seed: int = 0,
                     progress: Callable | None = None, max_nfev: int = 200,
-                    store: BootstrapStore | None = None) -> dict:
-    """Each fitted parameter's values over `rounds` bootstrap refits (rounds in `store` are reused)."""
+                    store: BootstrapStore | None = None, workers: int = 1) -> dict:
+    """Each fitted parameter's values over `rounds` bootstrap refits (rounds in `store` are reused);
+    `workers > 1` refits them in spawned processes (a script calling it needs the usual
+    `if __name__ == "__main__":` guard)."""
     if rounds <= 0:
         return {}
     kept = store.rounds if store is not None else {}
     todo = [r for r in range(rounds) if r not in kept or set(kept[r]) != set(names)]
     values = {r: kept[r] for r in range(rounds) if r not in todo}
-    for j, r in enumerate(todo):
-        values[r] = _bootstrap_round(obs, params, names, classes, seed, r, max_nfev)
+    jobs = [(obs, params, names, classes, seed, r, max_nfev) for r in todo]
+
+    def keep(j: int, r: int, v: dict) -> None:
+        values[r] = v
         if store is not None:
-            store.add(r, values[r])
+            store.add(r, v)
         if progress:
             progress(j + 1, len(todo))
+
+    if workers > 1 and len(jobs) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
+            for j, (r, v) in enumerate(pool.imap_unordered(_bootstrap_job, jobs)):
+                keep(j, r, v)
+    else:
+        for j, job in enumerate(jobs):
+            keep(j, *_bootstrap_job(job))
     return {n: [values[r][n] for r in range(rounds)] for n in names}
 
 

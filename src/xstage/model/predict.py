@@ -45,7 +45,9 @@ def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
     lo = int(np.searchsorted(cum, half, side="left"))
     hi = int(np.searchsorted(cum, half, side="right"))
     hi = min(hi, len(v) - 1)
-    return float(0.5 * (v[lo] + v[hi])) if np.isclose(cum[lo], half) else float(v[lo])
+    # np.isclose(cum[lo], half) written out on scalars: the fit calls this thousands of times per step
+    c = float(cum[lo])
+    return float(0.5 * (v[lo] + v[hi])) if abs(c - half) <= 1e-8 + 1e-5 * abs(half) else float(v[lo])
 
 
 def simulate_launch(params: PathParams, n_sm: int, burst_bytes: float, gap_ns: float, n_bursts: int,
