@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.env import environment
 from xstage.model import calibration_design, load_default_profile, simulate_bursts
 from xstage.model.predict import DEFAULT_CLASSES, split_classes
 from xstage.moe.pacing import resolve_pacing
@@ -92,6 +93,8 @@ def main(argv=None) -> int:
             if len(rows) % 50 == 0:
                 print(f"{len(rows)} items, largest difference so far {max(r['max_rel_diff'] for r in rows):.2e}",
                       flush=True)
+    env = environment()
+    rows = [{**r, **{k: env.get(k, "") for k in ("git_commit", "src_hash", "python", "date")}} for r in rows]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "engine_agreement.csv", rows, list(rows[0]))
