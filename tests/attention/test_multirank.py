@@ -32,9 +32,9 @@ def _worker(rank, world, port, use_gpu, dtype, results):
     from xstage.attention.ulysses import (
         _group_context,
         _pre_alltoall,
-        _stage_buffer,
         fused_state,
         run_fused,
+        stage_buffer,
         wait_fused,
     )
     from xstage.errors import CommTimeoutError
@@ -94,7 +94,7 @@ def _worker(rank, world, port, use_gpu, dtype, results):
         ctx.reset_error()
         ctx.timeout_ns = 200_000_000 if use_gpu else 400_000_000
         og = empty_gathered_out(plan, dtype, device)
-        stage = _stage_buffer(state, ctx)
+        stage = stage_buffer(state, ctx)
         if rank != world - 1:
             run_overlap(plan, parse_exchange("overlap"), qg, kg, vg, og, torch.empty_like(og[:, :seq[rank]]),
                         stage.peers)

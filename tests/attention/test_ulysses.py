@@ -219,7 +219,7 @@ def test_exchange_spellings_round_trip():
                          ids=["P3-r1-uneven-3blocks", "P4-r0-2blocks", "P2-r1-4blocks"])
 def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blocks, device):
     from xstage.attention.overlap import overlap_blocks, run_overlap
-    from xstage.attention.ulysses import _stage_buffer, unpack_loopback
+    from xstage.attention.ulysses import stage_buffer, unpack_loopback
 
     H = 4
     plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
@@ -227,7 +227,7 @@ def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blo
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     qf, kf, vf = (t.index_select(1, loopback_index(plan, device))[:, :, h0:h1] for t in (q, k, v))
     state = fused_state(ctx, plan, torch.float16, cfg.block_m)
-    stage = _stage_buffer(state, ctx)
+    stage = stage_buffer(state, ctx)
     for t in (*state.out.peers, *stage.peers):
         t.fill_(float("nan"))
     from xstage.attention.layout import empty_gathered_out

@@ -302,7 +302,7 @@ def ulysses_attention(
         out.copy_(state.own_output())
     else:
         og = empty_gathered_out(plan, q.dtype, q.device)
-        stage = _stage_buffer(state, ctx)
+        stage = stage_buffer(state, ctx)
         if ex.mechanism == "overlap":
             run_overlap(plan, ex, qg, kg, vg, og, out[:, :, h0:h1], stage.peers, softmax_scale=softmax_scale,
                         config=cfg)
@@ -356,13 +356,15 @@ def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedSt
     `[S_p, B, h_r, D]` chunk of the sequence-major `og`) are copied into that rank's receive buffer
     on the path. With `unpack`, also what each receiver does next: move the chunk into its output."""
     r = plan.rank
-    stage = _stage_buffer(state, ctx)
+    stage = stage_buffer(state, ctx)
     run_serial_copies(plan, og, state.out.local[:, :plan.seq_lens[r], plan.head0[r]:plan.head0[r + 1]], stage.peers)
     if unpack:
         unpack_loopback(plan, state)
 
 
-def _stage_buffer(state: FusedState, ctx):
+def stage_buffer(state: FusedState, ctx):
+    """The staging buffer of the copy-engine exchanges for `state`'s shape (allocated on first use;
+    on `peer` every rank must reach this call in the same order, as for any `ctx.alloc`)."""
     if state.stage is None:
         plan = state.plan
         numel = plan.batch * max(plan.seq_lens) * plan.heads * plan.head_dim
@@ -400,5 +402,5 @@ class UlyssesAttention(torch.nn.Module):
 
 
 __all__ = ["MODES", "FusedState", "UlyssesAttention", "check_runnable", "exchange_from_mode", "fused_state",
-           "loopback_gather", "run_fused", "serial_loopback_exchange", "split_sizes", "ulysses_attention",
-           "unpack_loopback", "wait_fused"]
+           "loopback_gather", "run_fused", "serial_loopback_exchange", "split_sizes", "stage_buffer",
+           "ulysses_attention", "unpack_loopback", "wait_fused"]

@@ -38,11 +38,11 @@ from xstage.attention.flash import FlashConfig, default_config, flash_attention
 from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
 from xstage.attention.overlap import run_overlap, run_serial_copies
 from xstage.attention.ulysses import (
-    _stage_buffer,
     check_runnable,
     fused_state,
     loopback_gather,
     run_fused,
+    stage_buffer,
     unpack_loopback,
 )
 from xstage.bench.commands import add_grid_options
@@ -148,7 +148,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
     qg, kg, vg = unpack_qkv(plan, recv.view(-1))
     ctx = create_context(path=path, loopback_world=P, rank=rank, device=dev)
     state = fused_state(ctx, plan, dtype, fc.block_m)
-    stage = _stage_buffer(state, ctx)
+    stage = stage_buffer(state, ctx)
     own_out = state.out.local[:, :plan.seq_lens[rank], h0:h1]
     n_m = math.ceil(T / fc.block_m)
     tiles = h * n_m
