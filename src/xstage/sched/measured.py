@@ -9,11 +9,11 @@ their line numbers. Every refusal is one `InputError` naming the file, the line 
 - the kind's columns are there (`MOE_COLUMNS`, `ULYSSES_COLUMNS`) and the file has rows;
 - sizes are positive integers (MoE `H I E K tokens ep`, and `block` `BMxBN1xBN2xBK` and `ctas` on
   the fused kernel's rows; Ulysses `heads dim tokens P grid`), `ep` divides `E`, `P` <= `heads`;
-- times (MoE `time_ns` and, where given, `time_p10_ns` / `time_p90_ns`; Ulysses `sender_ns` and,
-  where the column is, `receiver_ns`) are numbers, finite and > 0 (a Ulysses row whose `exchange_ok`
-  records an error may have none);
+- times (MoE `time_ns` and, where given, `time_p10_ns` / `time_p90_ns`; Ulysses `time_ns`, or
+  `sender_ns` and `receiver_ns` in results from before `exchange=`) are numbers, finite and > 0 (a
+  Ulysses row whose `exchange_ok` records an error may have none);
 - variants are known: MoE `SCHEDULE[@PACING]` (`xstage.moe.Variant`) or a baseline (`BASELINES`),
-  Ulysses one of `ULYSSES_VARIANTS`; MoE `path` one of `PATHS`.
+  Ulysses one of `ULYSSES_VARIANTS` or an exchange spelling; MoE `path` one of `PATHS`.
 
 `check_moe_rows` / `check_ulysses_rows` apply the same checks to rows given in Python
 (`validate_moe`, `validate_ulysses` and `attention_costs` call them).
