@@ -481,8 +481,5 @@ class FastPathSimulator:
     def finish(self) -> None:
         self._call(math.inf, False)
 
-    def is_idle(self) -> bool:
-        return not (self.phase != _IDLE).any()
-
 
 __all__ = ["FastPathSimulator", "check_simulator_args", "class_weights", "play_programs"]

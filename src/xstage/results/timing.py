@@ -59,24 +59,6 @@ def time_device(fn: Callable[[], object], *, warmup: int = 5, rep: int = 30, syn
     return timing_summary([s.elapsed_time(e) * 1e6 for s, e in zip(starts, ends)])
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 2, rep: int = 10) -> dict[str, Timing]:
-    """Median (p10, p90) of `rep` timed calls of every function of `fns`, the functions taking turns
-    call by call (round r runs each once), after `warmup` such rounds: a drift of clocks or of the
-    link over the run touches every variant alike, unlike timing one variant after another."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    synchronize()
-    marks = {name: (events(rep), events(rep)) for name in fns}
-    for i in range(rep):
-        for name, fn in fns.items():
-            marks[name][0][i].record()
-            fn()
-            marks[name][1][i].record()
-    synchronize()
-    return {name: timing_summary([s.elapsed_time(e) * 1e6 for s, e in zip(*marks[name])]) for name in fns}
-
-
 def time_in_turns(makers: dict[str, Callable[[], Callable[[], object]]], *, warmup: int = 1, rep: int = 10,
                   turns: int = 2) -> dict[str, Timing]:
     """Median (p10, p90) of `rep` timed calls per name, the names taking turns in `turns` blocks of

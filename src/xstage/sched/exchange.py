@@ -127,12 +127,10 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
         blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
         own = (plan.tok0[0], plan.tok0[1])
         for ranges in blocks:
-            rows = sum(hi - lo for lo, hi in ranges)
             t_comp += sum(costs.attention_ns(core, hi - lo, h, tokens, dim) for lo, hi in ranges)
             sent = sum(max(0, hi - lo) - max(0, min(hi, own[1]) - max(lo, own[0])) for lo, hi in ranges)
             if sent:
                 t_copy = max(t_comp, t_copy) + costs.copy_ns(core, sent * row_bytes)
-            del rows
         return Prediction(str(ex), max(t_comp, t_copy), alone)
     s = costs.stores.get((ex.burst, dim))
     if s is None:
