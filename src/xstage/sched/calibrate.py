@@ -4,8 +4,8 @@ The kernel runs at EP=1 (no remote stores) with `trace=` on, which records `%glo
 task's dependency wait and after its last store: the task's compute time with every SM busy, as in
 the real kernel. Per shape and task kind the median over tasks is taken; per kind and block config
 `overhead_ns + work / rate` is fitted over the shapes (work = FLOPs of the padded tile, bytes for
-dispatch), so the costs carry over to shapes between the calibrated ones. Quality: each shape's
-median against the fit.
+dispatch), and the tile model (`xstage.sched.tilecost`) over the medians of the shapes chosen for it,
+so the costs carry over to shapes that were not traced. Quality: each shape's median against the fits.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
 from xstage.sched.moe import MoeConfig, task_work
+from xstage.sched.tilecost import fit_tile_model
 
 CALIBRATION_SHAPES = tuple(SHAPES)
 
@@ -78,11 +79,12 @@ def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
 
 
 def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), reps: int = 3,
-                  progress=None) -> tuple[TaskCosts, list[dict]]:
-    """Trace every shape at every token count and tile config; fit per-kind costs.
+                  progress=None, model_shapes=None) -> tuple[TaskCosts, list[dict]]:
+    """Trace every shape at every token count and tile config; fit per-kind costs and the tile model.
 
-    Returns the costs (a cross-shape fit per kind and tile config, plus the measured medians per shape
-    and rows per expert, which the planner interpolates) and those medians as rows."""
+    Returns the costs (a cross-shape fit per kind and tile config, the measured medians per shape and
+    rows per expert, which the planner interpolates, and the tile model fitted on `model_shapes`, by
+    default every traced shape) and those medians as rows."""
 
     token_list = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
     runs = [(shape, t, b) for shape in shapes for t in token_list for b in (block_specs or (None,))]
@@ -120,8 +122,23 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
     env = environment()
     prov = {k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
     prov.update({"tokens": token_list, "shapes": list(shapes), "blocks": sorted(blocks),
+                 "block_specs": [spec or "default" for spec in (block_specs or (None,))],
                  "method": "in-kernel %globaltimer per task, EP=1",
                  "task_gap_ns_per_run": [round(g, 1) for g in gaps]})
     table = [{k: r[k] for k in ("shape", "block", "kind", "rows_per_expert", "median_ns")} for r in per_shape]
+    model, prov["tile_model"] = tile_model_of(table, model_shapes)
     fetch = float(np.median(gaps)) if gaps else 0.0
-    return TaskCosts("moe", kinds, prov, quality, table, fetch_ns=fetch), per_shape
+    return TaskCosts("moe", kinds, prov, quality, table, fetch_ns=fetch, tile_model=model), per_shape
+
+
+def tile_model_of(table: list[dict], shapes=None):
+    """The tile model fitted on `table` (restricted to `shapes` when given) and a line of provenance;
+    (None, why) where the traces are too few to fit it."""
+    try:
+        model = fit_tile_model(table, shapes=shapes)
+    except InputError as exc:
+        if shapes is not None:
+            raise
+        return None, f"not fitted: {exc}"
+    used = sum(q["points"] for q in model.quality.values())
+    return model, f"fitted on {', '.join(model.fitted_on)} ({used} medians)"

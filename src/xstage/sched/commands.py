@@ -210,9 +210,17 @@ def run_calibrate(args) -> int:
             except InputError as exc:
                 raise InputError(f"--block {spec} (shape {s}): {exc}") from None
     blocks = args.block or [None]
+    model_shapes = None
+    if args.model_shapes:
+        model_shapes = [str(MoeShape.parse(s.strip(), "--model-shapes")) for s in args.model_shapes.split(",")
+                        if s.strip()]
+        untraced = sorted(set(model_shapes) - {str(s) for s in parsed})
+        if not model_shapes or untraced:
+            raise InputError(f"--model-shapes {args.model_shapes!r}: give shapes among --shapes "
+                             f"({','.join(str(s) for s in parsed)}); not traced: {','.join(untraced)}")
     with Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
         costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=blocks, reps=reps,
-                                         progress=bar.callback)
+                                         progress=bar.callback, model_shapes=model_shapes)
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "moe-task-costs.json")
     w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
@@ -220,9 +228,12 @@ def run_calibrate(args) -> int:
     w.write_many(r for r in per_shape if not w.done(r))
     table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate,
               "max_err": costs.quality[k]["max_abs_rel_error"]} for k, c in costs.kinds.items()]
+    model_text = f"\ntile model {costs.provenance['tile_model']}"
+    if costs.tile_model is not None:
+        model_text += ": " + ", ".join(f"{k} {getattr(costs.tile_model, k):.4g}" for k in costs.tile_model.CONSTANTS)
     emit({"costs": costs.to_dict(), "tiles": per_shape}, args.json,
          markdown_table(per_shape, list(per_shape[0])) + "\n\n" + markdown_table(table, list(table[0]))
-         + f"\nwritten to {out}/moe-task-costs.json")
+         + model_text + f"\nwritten to {out}/moe-task-costs.json")
     return 0
 
 
@@ -371,6 +382,8 @@ def register(sub) -> None:
                    "(block sizes in elements), repeatable (default: the benchmark's choice per shape)")
     c.add_argument("--reps", type=int, default=3, help="traced runs per shape whose median is taken, >= 1 "
                    "(default: 3)")
+    c.add_argument("--model-shapes", metavar="S1,S2", help="comma-separated traced shapes to fit the tile model "
+                   "(xstage.sched.tilecost) on, to score it on the others (default: every traced shape)")
     _add_json(c)
     c.set_defaults(handler=run_calibrate)
 

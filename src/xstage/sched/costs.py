@@ -1,12 +1,14 @@
 """Task costs of persistent kernels, measured on the GPU and stored beside the path profile.
 
 Between tiles a CTA spends `fetch_ns` taking its next task and checking its inputs (measured as the
-median gap between a CTA's consecutive traced tiles). A tile's compute time is modelled per task
-kind as `overhead_ns + work / rate` (one CTA on one SM;
-work is FLOPs for GEMM tiles and bytes for copy tasks such as dispatch), fitted to in-kernel timings
-of the kernel's own tiles (`xstage.sched.calibrate`). The JSON keeps the fitted pairs per kind, the
-data they came from and provenance, so a planner on a machine without a GPU uses measured costs,
-never guessed ones.
+median gap between a CTA's consecutive traced tiles). A tile's compute time comes, in this order,
+from the measured medians of its shape (`table`, interpolated in rows per expert), from the tile
+model (`tile_model`, `xstage.sched.tilecost`: a roofline over the tile's FLOPs and bytes that carries
+to unmeasured shapes and operand sizes), or from a per-kind `overhead_ns + work / rate` (one CTA on
+one SM; work is FLOPs for GEMM tiles and bytes for copy tasks such as dispatch), fitted to in-kernel
+timings of the kernel's own tiles (`xstage.sched.calibrate`). The JSON keeps all three, the data they
+came from and provenance, so a planner on a machine without a GPU uses measured costs, never guessed
+ones.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.moe.problem import MoeShape
+from xstage.sched.tilecost import TileModel, fit_tile_model
 
 
 @dataclass(frozen=True)
@@ -46,23 +50,48 @@ class TaskCosts:
     kinds: dict[str, KindCost]
     provenance: dict = field(default_factory=dict)
     quality: dict = field(default_factory=dict)
-    table: list = field(default_factory=list)  # measured medians: shape, block, kind, rows_per_expert, median_ns
+    # Measured medians: shape, block, kind, rows_per_expert, median_ns (and elem_bytes where not 2).
+    table: list = field(default_factory=list)
     fetch_ns: float = 0.0  # per task, between tiles: taking the task and checking its inputs (median gap)
+    tile_model: TileModel | None = None  # for shapes the table lacks; None in JSON from before the model
 
     def __post_init__(self):
         if not (self.fetch_ns >= 0 and math.isfinite(self.fetch_ns)):
             raise InputError(f"fetch_ns must be finite and >= 0, got {self.fetch_ns!r}")
 
-    def tile_ns(self, kind: str, block: str, shape: str, rows_per_expert: float, work: float) -> float:
-        """A task's compute time: the measured medians of this shape, kind and tile config, interpolated
-        in log(rows per expert) and held constant beyond the measured range (how much each expert's
-        weights are reused changes a tile's time); the per-kind fit where this shape was not measured."""
+    def tile_ns(self, kind: str, block: str, shape: str, rows_per_expert: float, work: float,
+                elem_bytes: int = 2) -> float:
+        """A task's compute time: the measured medians of this shape, kind, tile config and operand size,
+        interpolated in log(rows per expert) and held constant beyond the measured range (how much each
+        expert's weights are reused changes a tile's time); where this shape was not measured, the tile
+        model, or the per-kind fit of `work` in costs from before the tile model."""
         pts = sorted((r["rows_per_expert"], r["median_ns"]) for r in self.table
-                     if r["kind"] == kind and r["block"] == block and r["shape"] == shape)
+                     if r["kind"] == kind and r["block"] == block and r["shape"] == shape
+                     and r.get("elem_bytes", 2) == elem_bytes)
         if not pts:
+            if self.tile_model is not None:
+                return self.tile_model.tile_ns(kind, shape, block, rows_per_expert, elem_bytes)
             return self.cost(kind, block).time_ns(work)
         xs = np.log([max(p[0], 1e-9) for p in pts])
         return float(np.interp(np.log(max(rows_per_expert, 1e-9)), xs, [p[1] for p in pts]))
+
+    def calibrated_on(self, shapes) -> TaskCosts:
+        """These costs as if only `shapes` had been traced: their table rows, the tile model refitted on
+        them, `fetch_ns` from their runs' gaps where the provenance lists them per run, and no per-kind
+        fits (those were fitted over every traced shape). For planner evaluations on held-out shapes."""
+        wanted = [str(MoeShape.parse(s, "shapes")) for s in shapes]
+        if not wanted:
+            raise InputError("shapes=[]: give at least one calibration shape")
+        table = [r for r in self.table if r["shape"] in wanted]
+        model = fit_tile_model(table, shapes=wanted)
+        prov = {"calibrated_on": wanted, "from": self.provenance}
+        gaps = _gaps_of_shapes(self.provenance, wanted)
+        if gaps:
+            prov["fetch_ns"] = "median gap of these shapes' runs"
+        else:
+            prov["fetch_ns"] = "median gap of every traced shape's runs (no gaps per run in the provenance)"
+        return TaskCosts(self.kernel, {}, prov, {"tile_model": model.quality}, table,
+                         fetch_ns=float(np.median(gaps)) if gaps else self.fetch_ns, tile_model=model)
 
     def cost(self, kind: str, block: str | None = None) -> KindCost:
         """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`).
@@ -96,11 +125,12 @@ class TaskCosts:
             kinds.update(p.kinds)
             quality.update(p.quality)
             table.extend(p.table)
+        models = [p.tile_model for p in parts if p.tile_model is not None]
         return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality, table,
-                   fetch_ns=parts[-1].fetch_ns)
+                   fetch_ns=parts[-1].fetch_ns, tile_model=models[-1] if models else None)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "kernel": self.kernel,
             "kinds": {k: {"overhead_ns": c.overhead_ns, "rate": c.rate} for k, c in self.kinds.items()},
             "provenance": self.provenance,
@@ -108,16 +138,22 @@ class TaskCosts:
             "table": self.table,
             "fetch_ns": self.fetch_ns,
         }
+        if self.tile_model is not None:
+            d["tile_model"] = self.tile_model.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "task costs") -> TaskCosts:
         try:
             kinds = {k: KindCost(float(v["overhead_ns"]), float(v["rate"])) for k, v in d["kinds"].items()}
             table = [{"shape": str(r["shape"]), "block": str(r["block"]), "kind": str(r["kind"]),
-                      "rows_per_expert": float(r["rows_per_expert"]), "median_ns": float(r["median_ns"])}
+                      "rows_per_expert": float(r["rows_per_expert"]), "median_ns": float(r["median_ns"]),
+                      **({"elem_bytes": int(r["elem_bytes"])} if "elem_bytes" in r else {})}
                      for r in d.get("table", [])]
+            model = d.get("tile_model")
             return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table,
-                       fetch_ns=float(d.get("fetch_ns", 0.0)))
+                       fetch_ns=float(d.get("fetch_ns", 0.0)),
+                       tile_model=None if model is None else TileModel.from_dict(model, f"{source}: tile_model"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{source}: malformed task costs ({type(exc).__name__}: {exc})") from None
 
@@ -141,6 +177,16 @@ class TaskCosts:
         if not isinstance(d, dict):
             raise InputError(f"task costs file {path}: expected a JSON object with 'kernel' and 'kinds'")
         return cls.from_dict(d, f"task costs file {path}")
+
+
+def _gaps_of_shapes(provenance: dict, shapes: list[str]) -> list[float]:
+    """Per-run task gaps of `shapes` from a calibration's provenance (runs go shape by shape, then token
+    count, then tile config: `calibrate_moe`); empty where the provenance does not list them so."""
+    gaps, traced = provenance.get("task_gap_ns_per_run"), provenance.get("shapes")
+    per_shape = len(provenance.get("tokens", [])) * len(provenance.get("block_specs", [None]))
+    if not gaps or not traced or per_shape < 1 or len(gaps) != len(traced) * per_shape:
+        return []
+    return [float(g) for i, g in enumerate(gaps) if traced[i // per_shape] in shapes]
 
 
 def load_default_costs(kernel: str = "moe") -> TaskCosts:
