@@ -85,6 +85,14 @@ def readme(rows, model, tiles: str, calibration, command: str, sha: str) -> str:
         "| role | kind | median | max | rows |", "|---|---|---|---|---|"]
     for role in ("report", "calibration"):
         lines += [f"| {role} | {k} | {med:.1%} | {mx:.1%} | {n} |" for k, med, mx, n in summary(rows, role)]
+    lines += ["", "Signed errors (predicted / measured - 1) of the report shapes by token count:", "",
+              "| shape | kind | " + " | ".join(str(t) for t in sorted({r["tokens"] for r in rows})) + " |",
+              "|---|---|" + "---|" * len({r["tokens"] for r in rows})]
+    for shape in report:
+        for kind in KINDS:
+            errs = [r["rel_err"] for r in sorted(rows, key=lambda r: r["tokens"])
+                    if r["shape"] == shape and r["kind"] == kind]
+            lines.append(f"| {shape} | {kind} | " + " | ".join(f"{e:+.1%}" for e in errs) + " |")
     worst = sorted((r for r in rows if r["role"] == "report"), key=lambda r: -abs(r["rel_err"]))[:4]
     lines += ["", "Largest report misses: " + "; ".join(
         f"{r['shape']} {r['kind']} at {r['tokens']} tokens {r['rel_err']:+.1%}" for r in worst) + ".", "",
@@ -92,7 +100,9 @@ def readme(rows, model, tiles: str, calibration, command: str, sha: str) -> str:
         "the fit. The model's form was chosen from the kernel code and the calibration rows (a hard max",
         "over a smooth one because the smooth fits put HBM bandwidth above the H200's; the dispatch's",
         "rho^2 over rho and rho / (1 - rho) on calibration residuals). The report rows had been read",
-        "(the whole CSV) before the model was built; nothing was changed after their first score.", ""]
+        "(the whole CSV) before the model was built. After their first score one thing changed, before",
+        "this module was written: the units sharing a slab went from a normal approximation of the",
+        "binomial to its exact expectation over experts with rows (report median 8.0% before).", ""]
     return "\n".join(lines)
 
 
