@@ -100,9 +100,9 @@ def readme(rows, model, tiles: str, calibration, command: str, sha: str) -> str:
         "the fit. The model's form was chosen from the kernel code and the calibration rows (a hard max",
         "over a smooth one because the smooth fits put HBM bandwidth above the H200's; the dispatch's",
         "rho^2 over rho and rho / (1 - rho) on calibration residuals). The report rows had been read",
-        "(the whole CSV) before the model was built. After their first score one thing changed, before",
-        "this module was written: the units sharing a slab went from a normal approximation of the",
-        "binomial to its exact expectation over experts with rows (report median 8.0% before).", ""]
+        "(the whole CSV) before the model was built. After their first score one thing changed, while the",
+        "exploratory fit became this module: the units sharing a slab went from a normal approximation of",
+        "the binomial to its exact expectation over experts with rows (report median 8.0% before).", ""]
     return "\n".join(lines)
 
 
