@@ -27,6 +27,7 @@ from xstage.moe.buffer import BlockConfig, check_block_size
 from xstage.moe.problem import MoeShape
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
+from xstage.sched.tilecost import tile_work
 from xstage.sched.work import KernelWork, Task, require_positive_ints
 
 REMOTE = 1  # destination id of "other ranks" in MoE work; the local rank (0) has no store path
@@ -91,6 +92,8 @@ class MoeConfig:
 
 
 HELD_STORE_WINDOW = 16.0  # bytes: one vector store
+# An SM's share of HBM bandwidth when all stream: 4.56 TB/s over 132 SMs in the H200 probe's hbm control run.
+HBM_BYTES_PER_NS_PER_SM = 4.56e12 / 132 / 1e9
 
 
 def remote_path(params: PathParams, pacing: StorePacing | None = None) -> PathParams:
@@ -132,6 +135,19 @@ def task_work(cfg: MoeConfig, kind: int) -> float:
     return 2.0 * cfg.block_m * min(cfg.block_n2, cfg.hidden) * cfg.intermediate
 
 
+def tile_hbm_bytes(cfg: MoeConfig, kind: int, rows_per_expert: float) -> float:
+    """Bytes a task loads from HBM (`xstage.sched.tilecost.tile_work`): a GEMM tile's weight slab
+    after L2 sharing plus its share of the unit's activations; a dispatch copy its unit's rows."""
+    w = tile_work(KIND_NAMES[kind], cfg.shape, cfg.block, rows_per_expert, cfg.elem_bytes)
+    return w.copy_bytes if kind == DISPATCH else w.hbm_bytes
+
+
+def mem_share(hbm_bytes: float, task_ns: float) -> float:
+    """The share of a task's time bound by its HBM loads: at most 1, when its bytes at the SM's share
+    of HBM bandwidth take the whole task (`Task.mem_share`)."""
+    return min(1.0, hbm_bytes / (HBM_BYTES_PER_NS_PER_SM * task_ns)) if task_ns > 0 else 0.0
+
+
 def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, seed: int = 0) -> KernelWork:
     experts, rows = synthetic_units(cfg, seed)
     if not experts:
@@ -144,8 +160,11 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
     rows_per_expert = cfg.tokens_per_rank * cfg.topk * cfg.ep / cfg.num_experts
     # A task occupies its CTA for the tile plus the fetch before it (next task, its inputs' check).
     kind_time = {k: costs.fetch_ns + costs.tile_ns(KIND_NAMES[k], cfg.block, shape_key, rows_per_expert,
-                                                   task_work(cfg, k))
+                                                   task_work(cfg, k), elem_bytes=cfg.elem_bytes)
                  for k in (DISPATCH, LINEAR1, LINEAR2)}
+    # Rounded so tasks of one kind share one clock in the simulator's interference term.
+    kind_share = {k: round(mem_share(tile_hbm_bytes(cfg, k, rows_per_expert), kind_time[k]), 3)
+                  for k in (DISPATCH, LINEAR1, LINEAR2)}
     remote_share = (cfg.ep - 1) / cfg.ep
     n_cols = min(cfg.block_n2, cfg.hidden)
 
@@ -167,7 +186,8 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
             stores = {}
             if kind == LINEAR2 and remote_share > 0:
                 stores = {REMOTE: int(round(store_rows * n_cols * cfg.elem_bytes * remote_share))}
-            out.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind]))
+            out.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind],
+                            mem_share=kind_share[kind]))
         return out
 
     if cfg.dynamic:

@@ -7,6 +7,12 @@ path-bound burst goes through that path's simulator (`xstage.model.simulate.path
 concurrent bursts fill the per-SM and shared windows together and later bursts stall. A task is
 finished when its last store has issued (sender-visible); consumers of its output may start then.
 
+With `interference` (`xstage.model.interference`, per path), a task that loads memory
+(`Task.mem_share` > 0) computes slower while that path's fabric holds at least the onset: its
+progress runs on a clock of rate 1 / (1 + stretch), the stretch set by the CTAs whose bursts are in
+the fabric. The fabric's bursts change only when a burst starts or ends, so these clocks are
+piecewise linear between the simulation's own events, and tasks of one memory share keep one clock.
+
 The result gives the predicted kernel time (last CTA done), per-CTA timelines (compute, issue,
 stall, wait segments) and the breakdown summed over CTAs. `issue` is what the stores would cost on
 an empty path (backpressure-free); `stall` is the rest of the measured-by-model issue time.
@@ -23,6 +29,7 @@ from dataclasses import dataclass, field
 
 from xstage.errors import InputError
 from xstage.model import closed_form
+from xstage.model.interference import Interference
 from xstage.model.params import PathParams
 from xstage.model.simulate import path_simulator
 from xstage.sched.work import KernelWork, Task
@@ -70,8 +77,29 @@ def _free_issue_ns(params: PathParams, nbytes: int) -> float:
     return closed_form.issue_time(params.replace(c_sm=math.inf, capacity=math.inf), nbytes)
 
 
+class _LoadClock:
+    """The progress of the tasks of one memory share: runs at 1 / sigma of real time, sigma >= 1 set by
+    the interference term; entries of `heap` are (progress at which the task ends, cta)."""
+
+    __slots__ = ("mem_share", "progress", "t", "sigma", "heap")
+
+    def __init__(self, mem_share: float, now: float):
+        self.mem_share = mem_share
+        self.progress = 0.0
+        self.t = now
+        self.sigma = 1.0
+        self.heap: list[tuple[float, int]] = []
+
+    def advance(self, now: float) -> None:
+        self.progress += (now - self.t) / self.sigma
+        self.t = now
+
+    def next_end(self) -> float:
+        return self.t + (self.heap[0][0] - self.progress) * self.sigma if self.heap else math.inf
+
+
 class _Cta:
-    __slots__ = ("index", "tasks", "pos", "pending_stores", "issue_started", "task_ready")
+    __slots__ = ("index", "tasks", "pos", "pending_stores", "issue_started", "task_ready", "compute_started")
 
     def __init__(self, index: int, tasks):
         self.index = index
@@ -80,6 +108,7 @@ class _Cta:
         self.pending_stores: list[tuple[str, int]] = []
         self.issue_started = 0.0
         self.task_ready = 0.0
+        self.compute_started = 0.0
 
     @property
     def task(self) -> Task | None:
@@ -87,15 +116,20 @@ class _Cta:
 
 
 def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_backlog: bool = False,
-                    engine: str = "fast") -> SimResult:
+                    engine: str = "fast", interference: Mapping[str, Interference] | None = None) -> SimResult:
     """Predict the kernel time of `work` with the store paths `paths` (path name -> parameters).
 
     `trace_backlog` records each path's backlog (bytes outstanding) at every path event. `engine`:
     the path simulator, "fast" (compiled) or "reference" (`xstage.model.simulate.path_simulator`).
+    `interference` (path name -> `Interference`) slows tasks that load memory while that path is full;
+    None or a path without an entry: compute never slows.
     """
     missing = [p for p in work.paths() if p not in paths]
     if missing:
         raise InputError(f"paths: no parameters for store path(s) {missing}")
+    for name, term in (interference or {}).items():
+        if not isinstance(term, Interference):
+            raise InputError(f"interference[{name!r}]: expected an Interference, got {type(term).__name__}")
     n = len(work.ctas)
     sims = {name: path_simulator(paths[name], n, engine=engine) for name in work.paths()}
     ctas = [_Cta(i, tasks) for i, tasks in enumerate(work.ctas)]
@@ -105,6 +139,20 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     compute_done: list[tuple[float, int]] = []  # heap of (time, cta)
     issuing: dict[tuple[str, int], _Cta] = {}
     backlog: dict[str, list[tuple[float, float]]] = {name: [] for name in sims} if trace_backlog else {}
+    terms = {name: t for name, t in (interference or {}).items() if name in sims}
+    in_fabric: dict[str, dict[int, float]] = {name: {} for name in terms}  # path -> cta -> burst bytes
+    clocks: dict[float, _LoadClock] = {}  # memory share -> its tasks' clock
+
+    def sync(now: float) -> None:
+        for clock in clocks.values():
+            clock.advance(now)
+
+    def retune() -> None:
+        """Each clock's rate after the bursts in the fabric changed (call after `sync`)."""
+        active = [(t, len(in_fabric[name])) for name, t in terms.items()
+                  if t.active(t.occupancy(in_fabric[name].values(), paths[name].capacity))]
+        for clock in clocks.values():
+            clock.sigma = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
 
     def trace(path: str, now: float) -> None:
         if trace_backlog:
@@ -129,6 +177,15 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         start = max([now] + [task_end[d] for d in task.deps])
         if start > cta.task_ready:
             segments.append(Segment(cta.index, "wait", cta.task_ready, start, task.name))
+        if terms and task.mem_share > 0:
+            clock = clocks.get(task.mem_share)
+            if clock is None:
+                clock = clocks[task.mem_share] = _LoadClock(task.mem_share, start)
+                retune()
+            clock.advance(start)
+            cta.compute_started = start
+            heapq.heappush(clock.heap, (clock.progress + task.compute_ns, cta.index))
+            return
         end = start + task.compute_ns
         if task.compute_ns > 0:
             segments.append(Segment(cta.index, "compute", start, end, task.name))
@@ -151,11 +208,16 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         path, nbytes = cta.pending_stores[0]
         cta.issue_started = now
         sims[path].start_burst(cta.index, now, nbytes)
+        if path in in_fabric:
+            in_fabric[path][cta.index] = nbytes
         trace(path, now)
         issuing[(path, cta.index)] = cta
 
     def store_issued(path: str, cta: _Cta, now: float) -> None:
+        sync(now)
         _, nbytes = cta.pending_stores.pop(0)
+        if path in in_fabric:
+            del in_fabric[path][cta.index]
         free = _free_issue_ns(paths[path], nbytes)
         start = cta.issue_started
         split = min(now, start + free)
@@ -170,6 +232,11 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     single = next(iter(sims)) if len(sims) == 1 else None
     while True:
         t_compute = compute_done[0][0] if compute_done else math.inf
+        slowest = None
+        for clock in clocks.values():
+            t = clock.next_end()
+            if t < t_compute:
+                t_compute, slowest = t, clock
         if single is not None:
             # One path: move it towards the next compute event, stopping at the first issue end.
             sim = sims[single]
@@ -179,6 +246,8 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
                     for sm, t_end in ended:
                         store_issued(single, issuing.pop((single, sm)), t_end)
                     trace(single, ended[-1][1])
+                    if terms:
+                        retune()
                     continue
         else:
             t_path, path_next = math.inf, None
@@ -190,15 +259,27 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
                 for sm, t_end in sims[path_next].advance(t_path):
                     store_issued(path_next, issuing.pop((path_next, sm)), t_end)
                 trace(path_next, t_path)
+                if terms:
+                    retune()
                 continue
         if math.isinf(t_compute):
             break
-        now, i = heapq.heappop(compute_done)
+        if slowest is None:
+            now, i = heapq.heappop(compute_done)
+            sync(now)
+        else:
+            now = t_compute
+            sync(now)
+            _, i = heapq.heappop(slowest.heap)
         cta = ctas[i]
+        if slowest is not None and now > cta.compute_started:
+            segments.append(Segment(cta.index, "compute", cta.compute_started, now, cta.task.name))
         cta.pending_stores = [
             (work.dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in work.dest_path and b > 0
         ]
         next_store(cta, now)
+        if terms:
+            retune()
 
     stuck = [c.task.name for c in ctas if c.task is not None]
     if stuck:

@@ -36,10 +36,15 @@ class Task:
     stores: Mapping[int, int] = field(default_factory=dict)
     deps: tuple[str, ...] = ()
     kind: str = ""
+    # Share of the compute time bound by loads from HBM: what a full store path slows down
+    # (`xstage.model.interference`); 0 for compute-bound or L2-resident work.
+    mem_share: float = 0.0
 
     def __post_init__(self):
         if not self.compute_ns >= 0:
             raise InputError(f"task {self.name}: compute_ns must be >= 0, got {self.compute_ns}")
+        if not 0.0 <= self.mem_share <= 1.0:
+            raise InputError(f"task {self.name}: mem_share must be in [0, 1], got {self.mem_share}")
         for dest, nbytes in self.stores.items():
             if nbytes < 0:
                 raise InputError(f"task {self.name}: stores[{dest}] must be >= 0 bytes, got {nbytes}")

@@ -1,0 +1,128 @@
+"""Calibrate the store/compute interference term (`xstage.model.interference`) on microbenchmarks.
+
+Two measurements, never the grids the planner is judged on:
+
+- The onset, from the bystander benchmark (`benchmarks/experiments/store_then_load.py --bystanders`,
+  `bystander_intensity.py`): readers keep their speed beside k_lo storing SMs and slow down beside
+  k_hi. The onset lies between k_lo and k_hi full per-SM windows; the term takes their geometric mean.
+- `per_storer`, from the fused MoE kernel's tiles beside a store kernel that saturates the link
+  (`benchmarks/experiments/moe_busy_link.py`): the kernel (EP=1, no stores of its own, 132 - k CTAs)
+  and k storing CTAs are simulated together (`busy_link_work`), and the one parameter is fitted so that
+  the predicted slowdown (time beside the stores over time alone) matches the measured one, in log
+  space, over the calibration shapes' rows.
+
+Example:
+    term, rows = fit_interference(bystander_rows, busy_rows, load_default_profile("host").params,
+                                  load_default_costs("moe"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from xstage.errors import InputError
+from xstage.model.interference import Interference
+from xstage.model.params import PathParams
+from xstage.sched.costs import TaskCosts
+from xstage.sched.moe import MoeConfig, moe_work
+from xstage.sched.simulate import simulate_kernel
+from xstage.sched.work import KernelWork, Task
+
+CALIBRATION_SHAPES = ("H4096-I2048-E256-K6", "H1152-I4608-E8-K2")
+SLOWED, KEPT = 1.5, 1.1  # reader slowdowns that count as slowed / as unchanged
+STORE_PASS = 1 << 20  # bytes per storing CTA and pass in both benchmarks
+
+
+def onset_from_bystanders(rows: Sequence[dict], window_bytes: float) -> tuple[float, int, int]:
+    """(onset bytes, k_lo, k_hi) from rows with `storing_ctas` and `slowdown` (reader time beside the
+    storers over reader time alone): k_lo the most storers with slowdown <= KEPT, k_hi the fewest
+    with slowdown >= SLOWED."""
+    kept = [int(r["storing_ctas"]) for r in rows if float(r["slowdown"]) <= KEPT and int(r["storing_ctas"]) > 0]
+    slowed = [int(r["storing_ctas"]) for r in rows if float(r["slowdown"]) >= SLOWED]
+    if not kept or not slowed:
+        raise InputError("bystander rows: need a storer count that leaves readers at speed and one that slows them")
+    k_lo, k_hi = max(kept), min(slowed)
+    if k_lo >= k_hi:
+        raise InputError(f"bystander rows: readers keep their speed with {k_lo} storers but slow with {k_hi}")
+    return math.sqrt(k_lo * k_hi) * window_bytes, k_lo, k_hi
+
+
+def busy_link_work(shape: str, tokens: int, storing_ctas: int, costs: TaskCosts, num_sms: int,
+                   passes: int = 60, busy: bool = True, scale: float = 1.0) -> KernelWork:
+    """The MoE kernel at EP=1 on `num_sms - storing_ctas` CTAs, its tasks' times x `scale`, beside (when
+    `busy`) `storing_ctas` CTAs that each store `passes` x 1 MiB to destination 1 (a plain store
+    kernel: no loads)."""
+    if not 0 < storing_ctas < num_sms:
+        raise InputError(f"storing_ctas={storing_ctas}: must be between 1 and {num_sms - 1}")
+    hidden = int(shape.split("-")[0][1:])
+    cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=1, block_n2=128 if hidden <= 1152 else 256)
+    moe = moe_work(cfg, "expert_wave", costs, num_ctas=num_sms - storing_ctas)
+    # The MoE CTAs take tasks from the shared queue; a storer's last task waits for the queue's last
+    # task, so storers never take MoE tasks (they are another kernel).
+    queue = [dataclasses.replace(t, compute_ns=t.compute_ns * scale) for t in moe.queue]
+    last = (queue[-1].name,)
+    storers = [[Task(f"store.{c}.{j}", 0.0, stores={1: STORE_PASS}) for j in range(passes if busy else 0)]
+               + [Task(f"store.{c}.end", 0.0, deps=last)] for c in range(storing_ctas)]
+    return KernelWork(ctas=[[] for _ in range(num_sms - storing_ctas)] + storers, dest_path={1: "store"},
+                      queue=queue)
+
+
+def predict_slowdown(row: dict, store_path: PathParams, term: Interference, costs: TaskCosts,
+                     num_sms: int) -> float:
+    """Predicted time of the MoE kernel beside the storers over its measured time alone, for one busy-link
+    row. The tiles were traced with every SM computing; on fewer CTAs each tile gets more of HBM, so the
+    kernel's tasks are first scaled to reproduce its measured time alone on those CTAs: what remains
+    to predict is the term's slowdown alone."""
+    shape, tokens, k = str(row["shape"]), int(row["tokens"]), int(row["storing_ctas"])
+    alone = simulate_kernel(busy_link_work(shape, tokens, k, costs, num_sms, busy=False), {"store": store_path})
+    scale = float(row["idle_ns"]) / alone.time_ns
+    busy = busy_link_work(shape, tokens, k, costs, num_sms, scale=scale)
+    res = simulate_kernel(busy, {"store": store_path}, interference={"store": term})
+    return max(res.task_end_ns[t.name] for t in busy.queue) / float(row["idle_ns"])
+
+
+def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], store_path: PathParams,
+                     costs: TaskCosts, num_sms: int = 132, shapes: Sequence[str] = CALIBRATION_SHAPES,
+                     provenance: dict | None = None) -> tuple[Interference, list[dict]]:
+    """The fitted term and one row per busy-link measurement (measured and predicted slowdown, and
+    whether the row calibrated the fit or only checks it)."""
+    onset, k_lo, k_hi = onset_from_bystanders(bystander_rows, store_path.c_sm)
+    fit_rows = [r for r in busy_rows if r["shape"] in shapes]
+    if not fit_rows:
+        raise InputError(f"busy-link rows: none of the calibration shapes {list(shapes)}")
+
+    def term(per_storer: float) -> Interference:
+        return Interference(per_storer, onset, store_path.c_sm, dict(provenance or {}, onset_storers=[k_lo, k_hi]))
+
+    def loss(per_storer: float) -> float:
+        return sum(math.log(predict_slowdown(r, store_path, term(per_storer), costs, num_sms) / _measured(r)) ** 2
+                   for r in fit_rows)
+
+    lo, hi = 0.0, 2.0  # golden-section search: the slowdown grows monotonically with per_storer
+    g = (math.sqrt(5) - 1) / 2
+    a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fb = loss(a), loss(b)
+    for _ in range(30):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - g * (hi - lo)
+            fa = loss(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + g * (hi - lo)
+            fb = loss(b)
+    best = term(round((lo + hi) / 2, 4))
+    out = []
+    for r in busy_rows:
+        pred = predict_slowdown(r, store_path, best, costs, num_sms)
+        out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "storing_ctas": int(r["storing_ctas"]),
+                    "measured": round(_measured(r), 3), "predicted": round(pred, 3),
+                    "rel_err": round(pred / _measured(r) - 1, 4),
+                    "role": "calibration" if r["shape"] in shapes else "check"})
+    return best, out
+
+
+def _measured(row: dict) -> float:
+    return float(row["busy_ns"]) / float(row["idle_ns"])
