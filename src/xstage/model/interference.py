@@ -21,7 +21,7 @@ Example:
     >>> from xstage.model.interference import Interference
     >>> i = Interference(per_storer=0.25, onset_bytes=2e6, window_bytes=150e3)
     >>> i.active(i.occupancy([1 << 20] * 16, capacity=4.7e6)), round(i.stretch(16, 1.0), 2)
-    (True, 5.0)
+    (True, 4.0)
 """
 
 from __future__ import annotations

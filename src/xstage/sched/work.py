@@ -43,7 +43,8 @@ class Task:
     def __post_init__(self):
         if not self.compute_ns >= 0:
             raise InputError(f"task {self.name}: compute_ns must be >= 0, got {self.compute_ns}")
-        if not 0.0 <= self.mem_share <= 1.0:
+        if isinstance(self.mem_share, bool) or not isinstance(self.mem_share, (int, float)) \
+                or not 0.0 <= self.mem_share <= 1.0:
             raise InputError(f"task {self.name}: mem_share must be in [0, 1], got {self.mem_share}")
         for dest, nbytes in self.stores.items():
             if nbytes < 0:
