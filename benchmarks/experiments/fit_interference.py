@@ -24,7 +24,8 @@ from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.costs import load_default_costs
-from xstage.sched.interference import CALIBRATION_SHAPES, fit_interference
+from xstage.sched.calibrate import MODEL_SHAPES
+from xstage.sched.interference import fit_interference
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -59,7 +60,7 @@ def main() -> None:
     busy = read_rows(RESULTS / "h200-moe-busy-link" / "beside_busy_link.csv")
     prov = {"fitted_with": f"benchmarks/experiments/fit_interference.py at {commit}",
             "onset_from": "h200-store-then-load/bystander_reads.csv, h200-interference/bystander_intensity.csv",
-            "per_storer_from": f"h200-moe-busy-link/beside_busy_link.csv, shapes {list(CALIBRATION_SHAPES)}",
+            "per_storer_from": f"h200-moe-busy-link/beside_busy_link.csv, shapes {list(MODEL_SHAPES)}",
             "gpu": "NVIDIA H200", "path": "host"}
     term, rows = fit_interference(onset, busy, load_default_profile("host").params, load_default_costs("moe"),
                                   provenance=prov)

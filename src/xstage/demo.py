@@ -28,6 +28,7 @@ from xstage.model import (
     predict,
     read_observations,
 )
+from xstage.model.interference import load_default_interference
 from xstage.model.params import PARAM_UNITS
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import CANDIDATES
@@ -40,8 +41,8 @@ from xstage.sched.plan import plan_moe
 from xstage.sched.timeline import plot_timeline
 
 _PLAN_CONFIG = ("H4096-I2048-E256-K6", 2048, 8)
-_PLAN_PACING = "auto"  # the kernel's default, as in `xstage plan moe`
-PLAN_COMMAND = "xstage plan moe --shape {} --tokens {} --ep {}".format(*_PLAN_CONFIG)
+_PLAN_PACING = "default"  # the path's fixed default pacing: one row per schedule
+PLAN_COMMAND = "xstage plan moe --shape {} --tokens {} --ep {} --pacing default".format(*_PLAN_CONFIG)
 
 
 def _fmt_value(v: float, unit: str) -> str:
@@ -92,11 +93,11 @@ def _plan_section(profile, out: Path, quiet: bool = False) -> tuple[list[dict], 
         return [], None, f"planning skipped: {exc}"
     cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=ep)
     ctas = profile.sm_count
-    # What `xstage plan moe` plans by default: every candidate, with the kernel's default ("auto") pacing.
+    # What `PLAN_COMMAND` plans: every candidate at the path's default pacing, interference term on.
     pacing = resolve_pacing(_PLAN_PACING, profile.path, ep)
     with Progress(len(CANDIDATES), "demo: MoE schedules simulated", quiet=quiet) as bar:
         rows = plan_moe(cfg, profile.params, costs, num_ctas=ctas, candidates=CANDIDATES, pacing=pacing,
-                        progress=bar.callback)
+                        progress=bar.callback, interference=load_default_interference(profile.path))
     wave = next(r for r in rows if r.schedule == "expert_wave")
     table = [{"schedule": r.schedule, "time_us": r.time_ns / 1e3,
               "speedup_vs_expert_wave": wave.time_ns / r.time_ns,

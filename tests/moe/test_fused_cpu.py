@@ -121,9 +121,13 @@ def test_store_pacing_claims_every_remote_byte_once(R, block_n2):
 
 
 def test_pacing_defaults_and_bad_values():
-    host = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16, config=CFG)
+    assert MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16,
+                     config=CFG).pacing == "auto"  # the planner's choice per call
+    host = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16, config=CFG,
+                     pacing="default")
     assert host.pacing is not None and host.pacing.rate < 60e9  # paced below the host link's drain
-    hbm = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="hbm"), device="cpu", dtype=torch.float16, config=CFG)
+    hbm = MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="hbm"), device="cpu", dtype=torch.float16, config=CFG,
+                    pacing="default")
     assert hbm.pacing is None
     for bad in (5e10, "fast", "50"):
         with pytest.raises(InputError, match="pacing"):
@@ -138,6 +142,23 @@ def test_pacing_defaults_and_bad_values():
     assert off.pacing is None
     assert MoEBuffer(16, 8, 2, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype=torch.float16,
                      config=CFG, pacing="50:128").pacing == StorePacing(rate=50e9, budget=128 * 1024)
+
+
+def test_auto_pacing_is_the_planners_pick_for_the_call():
+    from xstage.moe.pacing import PACING_CANDIDATES, resolve_pacing
+    from xstage.sched.plan import pick_pacing_for_buffer
+
+    T, E, K, H, I, R = 8, 4, 2, 64, 32, 2
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=4)
+    buf = MoEBuffer(T, E, K, H, I, LoopbackGroup(R, path="host"), device="cpu", dtype=torch.float16, config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    y_auto = fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved")  # the buffer's "auto"
+    y_off = fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved", pacing="off")
+    assert torch.equal(y_auto, y_off)  # pacing changes timing, never the output
+    (key, chosen), = [(k, v) for k, v in buf._plans.items() if k[:2] == ("pacing", "interleaved")]
+    _, _, tokens, ctas = key
+    pick = pick_pacing_for_buffer(buf, tokens, ctas, "interleaved")  # the planner, asked directly
+    assert tokens == T and pick in PACING_CANDIDATES and chosen == resolve_pacing(pick, "host", R)
 
 
 def test_silent_peer_raises_timeout_not_hang():

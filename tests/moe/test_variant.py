@@ -16,6 +16,7 @@ from xstage.moe.variant import Variant, parse_variants
     pytest.param("lag:4@off", "lag:4", "off", id="off"),
     pytest.param("interleaved@50:128", "interleaved", "50:128", id="rate-budget"),
     pytest.param("expert_wave@auto", "expert_wave", "auto", id="auto"),
+    pytest.param("expert_wave@default", "expert_wave", "default", id="default"),
 ])
 def test_variant_parses_and_formats_back(text, schedule, pacing):
     v = Variant.parse(text)
@@ -50,9 +51,11 @@ def test_one_registry_serves_every_list():
 def test_resolve_pacing_is_the_one_resolver():
     assert resolve_pacing("off", "host", 4) is None
     assert resolve_pacing(None, "host", 4) is None
-    auto = resolve_pacing("auto", "host", 4)
-    assert auto is not None and 40e9 < auto.rate < 60e9  # 0.9 x the host profile's ~55 GB/s drain
-    assert resolve_pacing("auto", "hbm", 4) is None and resolve_pacing("auto", "host", 1) is None
+    default = resolve_pacing("default", "host", 4)
+    assert default is not None and 40e9 < default.rate < 60e9  # 0.9 x the host profile's ~55 GB/s drain
+    assert resolve_pacing("default", "hbm", 4) is None and resolve_pacing("default", "host", 1) is None
+    with pytest.raises(InputError, match="chosen per call"):
+        resolve_pacing("auto", "host", 4)  # depends on the call: `choose_pacing` resolves it
     assert resolve_pacing("50:128", "hbm", 4).budget == 128 * 1024
     with pytest.raises(InputError, match="pacing"):
         resolve_pacing(5e10, "host", 4)
@@ -62,6 +65,8 @@ def test_model_guided_works_after_import_xstage_alone():
     code = ("import xstage\n"
             "from xstage.moe.schedule import chooser\n"
             "assert chooser('model_guided') is not None\n"
+            "import xstage.moe.pacing as p\n"
+            "assert p._CHOOSER is not None\n"
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

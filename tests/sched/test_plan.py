@@ -3,6 +3,7 @@ import json
 import pytest
 
 from xstage.errors import InputError
+from xstage.model.interference import load_default_interference
 from xstage.model.params import PathParams
 from xstage.moe.schedule import LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
@@ -95,13 +96,36 @@ def test_model_guided_pick_is_the_planner_best():
     from xstage.sched.plan import moe_path_params, pick_for_moe_buffer
 
     cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
-    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg)
+    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg, pacing="default")
     pick = pick_for_moe_buffer(buf, 512, num_ctas=8, pacing=buf.pacing)
     mcfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
                            block_n2=128, block_k=32)
     assert buf.pacing is not None  # the host path is paced by default, and the planner knows it
-    rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8, pacing=buf.pacing)
+    rows = plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8, pacing=buf.pacing,
+                    interference=load_default_interference("host"))
     assert pick == rows[0].schedule
+
+
+def test_auto_pacing_pick_is_the_fastest_schedule_and_pacing():
+    from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
+    from xstage.moe.pacing import PACING_CANDIDATES, resolve_pacing
+    from xstage.sched.costs import load_default_costs
+    from xstage.sched.plan import moe_path_params, pick_pacing_for_buffer
+
+    cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
+    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg)
+    mcfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
+                           block_n2=128, block_k=32)
+    times = {}
+    for spec in PACING_CANDIDATES:  # an independent ranking: one fixed pacing at a time
+        for r in plan_moe(mcfg, moe_path_params("host"), load_default_costs("moe"), 8,
+                          pacing=resolve_pacing(spec, "host", 4), interference=load_default_interference("host")):
+            times[(r.schedule, spec)] = r.time_ns
+    best_schedule, best_pacing = min(times, key=times.get)
+    assert pick_pacing_for_buffer(buf, 512, 8, None) == best_pacing
+    for schedule in ("expert_wave", "lag:4"):
+        want = min(PACING_CANDIDATES, key=lambda spec: times[(schedule, spec)])
+        assert pick_pacing_for_buffer(buf, 512, 8, schedule) == want
 
 
 def test_paced_path_is_a_leaky_bucket_of_the_pacing_budget():
@@ -127,9 +151,13 @@ def test_cli_plan_moe_takes_the_pacing(capsys):
     for spec in ("off", "2:64"):
         assert main([*args, "--pacing", spec]) == 0
         out = json.loads(capsys.readouterr().out)
-        assert out["pacing"] == spec
+        assert out["pacing"] == {spec: spec}
         times[spec] = out["rows"][0]["time_us"]
     assert times["2:64"] > times["off"]  # 2 GB/s is far below the host link's drain
+    assert main([*args, "--pacing", "auto"]) == 0  # every schedule under each candidate pacing
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(r["pacing"] for r in out["rows"]) == ["default", "off"]
+    assert out["pick_pacing"] == min(out["rows"], key=lambda r: r["time_us"])["pacing"]
     assert main([*args, "--pacing", "fast"]) != 0
     assert "pacing 'fast'" in capsys.readouterr().err
 

@@ -60,7 +60,7 @@ SCHEDULES = (*CANDIDATES, "model_guided")
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EPS = (2, 4, 8)
 PATH = "peer"
-DEFAULT_PACING = "auto"  # the pacing of a variant without `@PACING` (none on `peer` until measured there)
+DEFAULT_PACING = "default"  # the pacing of a variant without `@PACING` (none on `peer` until measured there)
 TINY_SHAPES = {"H64-I32-E4-K2": MoeShape.parse("H64-I32-E4-K2")}
 TINY_TOKENS = (12,)
 TINY_BLOCK = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32, num_warps=4, num_stages=2)

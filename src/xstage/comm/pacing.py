@@ -69,7 +69,7 @@ DEFAULT_RATE_FACTOR = 0.9
 DEFAULT_BUDGET = 128 << 10
 
 NO_PACING = (0, 0)
-PACING_SPEC_HELP = "'off', 'auto' or RATE_GBPS:BUDGET_KIB such as '50:128'"
+PACING_SPEC_HELP = "'off', 'default', 'auto' or RATE_GBPS:BUDGET_KIB such as '50:128'"
 
 
 def default_pacing(drain: float) -> StorePacing:
@@ -78,16 +78,20 @@ def default_pacing(drain: float) -> StorePacing:
     return StorePacing(rate=DEFAULT_RATE_FACTOR * drain, budget=DEFAULT_BUDGET)
 
 
-def parse_pacing(spec: str, auto: StorePacing | None = None) -> StorePacing | None:
-    """`"off"` -> None, `"auto"` -> `auto` (what the caller resolved for its path), `"RATE:BUDGET"` ->
-    StorePacing of RATE GB/s and BUDGET KiB (e.g. `"50:128"`): the suffix of a variant such as
-    `interleaved@off`."""
+def parse_pacing(spec: str, default: StorePacing | None = None) -> StorePacing | None:
+    """`"off"` -> None, `"default"` -> `default` (what the caller resolved for its path), `"RATE:BUDGET"`
+    -> StorePacing of RATE GB/s and BUDGET KiB (e.g. `"50:128"`): the suffix of a variant such as
+    `interleaved@off`. `"auto"` is the planner's choice per call, which only the kernel's caller can
+    make (`xstage.moe.pacing.choose_pacing`), so it is refused here."""
     if not isinstance(spec, str):
         raise InputError(f"pacing {spec!r}: expected {PACING_SPEC_HELP}")
     if spec == "off":
         return None
+    if spec == "default":
+        return default
     if spec == "auto":
-        return auto
+        raise InputError("pacing 'auto': chosen per call by the planner (xstage.moe.pacing.choose_pacing); "
+                         "here give 'off', 'default' or RATE_GBPS:BUDGET_KIB")
     rate, sep, budget = spec.partition(":")
     try:
         if not sep:

@@ -26,10 +26,11 @@ Watchdog (`timeout_ns=`, default `xstage.comm.DEFAULT_TIMEOUT_NS`, 20 s): every 
 buffer's calls, and the group barrier, gives up after that long without progress of what it waits
 for; `check()` then raises `CommTimeoutError` naming this rank, the silent peer and the stage.
 
-Store pacing (`pacing=`): the default pacing of the combine's remote stores, resolved once at
-construction (`xstage.moe.pacing.resolve_pacing`): `"auto"` (the default) paces where that was
-measured to pay, today the `host` path; `"off"` or None stores unpaced; `"RATE:BUDGET"` or a
-`StorePacing` sets rate and budget. A call overrides it with `fused_moe(..., pacing=...)`.
+Store pacing (`pacing=`, `xstage.moe.pacing`): the pacing of the combine's remote stores.
+`"auto"` (the default) is the planner's choice per call shape (tokens, schedule); `"default"` the
+fixed default of the store path (paced on `host`, where that was measured to pay); `"off"` or None
+stores unpaced; `"RATE:BUDGET"` or a `StorePacing` sets rate and budget. Fixed pacings are resolved
+once at construction. A call overrides it with `fused_moe(..., pacing=...)`.
 
 Example:
     >>> from xstage.moe.buffer import BlockConfig, MoEBuffer, LoopbackGroup
@@ -54,7 +55,7 @@ from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.dtypes import parse_dtype
 from xstage.errors import CommTimeoutError, InputError
-from xstage.moe.pacing import resolve_pacing
+from xstage.moe.pacing import AUTO, resolve_pacing
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
 STAGE_POOL_SLOT = 37
@@ -212,7 +213,8 @@ class MoEBuffer:
         self._check_size(max_bytes)
         self._plans: dict = {}
         self._allocate()
-        self._pacing = resolve_pacing(pacing, self.store_path, self.R)
+        self._pacing = AUTO if isinstance(pacing, str) and pacing == AUTO else resolve_pacing(
+            pacing, self.store_path, self.R)
 
     def _pool_units(self, pool_bytes, capacity_factor, elem: int) -> int:
         """Units of `block_m` rows the receive and activation pool holds (see the module docstring)."""
@@ -239,8 +241,9 @@ class MoEBuffer:
         return self.group.path if self.loopback else "peer"
 
     @property
-    def pacing(self) -> StorePacing | None:
-        """The default pacing of the combine's remote stores (`xstage.comm.pacing`); None when off."""
+    def pacing(self) -> StorePacing | str | None:
+        """The pacing of the combine's remote stores (`xstage.comm.pacing`): a StorePacing, None when
+        off, or `"auto"` when the planner chooses it per call (`xstage.moe.pacing.choose_pacing`)."""
         return self._pacing
 
     @property

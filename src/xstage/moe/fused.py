@@ -44,7 +44,7 @@ from xstage.moe.buffer import (
     MoEBuffer,
 )
 from xstage.moe.layout import routing_layout, unit_experts
-from xstage.moe.pacing import resolve_pacing
+from xstage.moe.pacing import AUTO, choose_pacing, resolve_pacing
 from xstage.moe.schedule import TASK_COLS, Schedule, check_schedule, chooser, make_schedule
 
 _REDUCE_BT = 8
@@ -116,11 +116,15 @@ class _Plan:
         self.cta_start = torch.from_numpy(schedule.cta_start).to(device) if cta_start is None else cta_start
 
 
-def call_pacing(pacing, buf: MoEBuffer) -> StorePacing | None:
-    """The pacing of one call: `"buffer"` keeps the buffer's default; anything else is resolved by
-    `xstage.moe.pacing.resolve_pacing` for the buffer's store path."""
+def call_pacing(pacing, buf: MoEBuffer, tokens: int, ctas: int, schedule: str) -> StorePacing | None:
+    """The pacing of one call: `"buffer"` keeps the buffer's; `"auto"` is the planner's choice for this
+    call's tokens and schedule (jointly with the schedule when that is chosen per call too); anything
+    else is resolved by `xstage.moe.pacing.resolve_pacing` for the buffer's store path."""
     if isinstance(pacing, str) and pacing == "buffer":
-        return buf.pacing
+        pacing = buf.pacing
+    if isinstance(pacing, str) and pacing == AUTO:
+        fixed = None if chooser(check_schedule(schedule)) is not None else schedule
+        return choose_pacing(buf, tokens, ctas, fixed)
     return resolve_pacing(pacing, buf.store_path, buf.R)
 
 
@@ -140,8 +144,9 @@ def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None, pacin
     """Routing layout and schedule table for this call (one host synchronisation for the counts).
 
     `pacing` is the call's store pacing (`"buffer"`: the buffer's default; see `call_pacing`)."""
-    pacing = call_pacing(pacing, buf)
-    schedule = _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), ctas or num_ctas(buf), pacing)
+    tokens, ctas_used = int(topk_idx.shape[0]), ctas or num_ctas(buf)
+    pacing = call_pacing(pacing, buf, tokens, ctas_used, schedule)
+    schedule = _resolve_schedule(schedule, buf, tokens, ctas_used, pacing)
     all_idx = _all_topk(topk_idx, buf)
     local = all_idx[(all_idx // buf.E_local) == buf.rank] % buf.E_local
     counts = torch.bincount(local.reshape(-1), minlength=buf.E_local).tolist()
@@ -170,7 +175,7 @@ def static_plan(topk_idx, buf: MoEBuffer, schedule: str, pacing="buffer") -> _Pl
     """A plan with no host synchronisation (CUDA-graph capturable): the schedule covers all
     `buf.units_cap` unit slots with a nominal even split over experts, built once per schedule name;
     slots the routing leaves empty are skipped by the kernel. `units_cap` covers every legal routing."""
-    pacing = call_pacing(pacing, buf)
+    pacing = call_pacing(pacing, buf, buf.T_max, num_ctas(buf), schedule)
     schedule = _resolve_schedule(schedule, buf, buf.T_max, num_ctas(buf), pacing)
     key = ("static", schedule, num_ctas(buf))
     cached = buf._plans.get(key)
@@ -331,7 +336,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     `timeout_ns` is the progress watchdog of every wait (default: the buffer's, `MoEBuffer.timeout_ns`): a
     wait gives up after that long without its counter moving, and `CommTimeoutError` names the rank.
     `pacing` paces the combine's remote stores for this call: `"buffer"` (the buffer's default),
-    `"auto"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a `StorePacing` or None (`xstage.moe.pacing`).
+    `"auto"` (the planner's choice for this call), `"default"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a
+    `StorePacing` or None (`xstage.moe.pacing`).
     """
     try:
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
@@ -343,7 +349,9 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
             raise InputError(f"rank {buf.rank}: {exc}") from None
         raise
     if not buf.loopback:
-        _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, call_pacing(pacing, buf), timeout_ns)
+        tokens = buf.T_max if static else int(x.shape[0])
+        _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf,
+                    call_pacing(pacing, buf, tokens, num_ctas(buf), schedule), timeout_ns)
         buf.x_buf[: x.shape[0]].copy_(x)
         buf.idx_buf.fill_(-1)
         buf.idx_buf[: x.shape[0]].copy_(topk_idx)

@@ -108,7 +108,7 @@ class Problem:
     """Inputs, weights and a loopback buffer of one configuration on one device (rank 0 of `ep`)."""
 
     def __init__(self, shape, tokens: int, ep: int, path: str, cfg: BlockConfig | None = None, device="cuda",
-                 dtype="bf16", seed: int = 0, pacing="auto"):
+                 dtype="bf16", seed: int = 0, pacing="default"):
         H, I, E, K = self.shape = MoeShape.parse(shape)
         dtype = parse_dtype(dtype)
         self.H, self.I, self.E, self.K, self.T, self.ep = H, I, E, K, tokens, ep

@@ -2,8 +2,9 @@
 
 One type, one parser, one formatter for the API, the CLI (`--schedules`, `--candidates`) and the
 `variant` column of result rows. `lag:4@off` is `lag:4` unpaced; `lag:4@50:128` paces at 50 GB/s
-with 128 KiB ahead; `lag:4` alone runs with the default pacing (the buffer's, or the grid's
-`--default-pacing` when results are read back).
+with 128 KiB ahead; `lag:4@auto` lets the planner choose per call; `lag:4` alone runs with the
+buffer's pacing, and result rows without a suffix are read as `default` (the fixed default of the
+path; `--default-pacing` when results are read back).
 
 Example:
     >>> from xstage.moe.variant import Variant
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xstage.comm.pacing import parse_pacing
 from xstage.errors import InputError
+from xstage.moe.pacing import check_pacing
 from xstage.moe.schedule import check_schedule
 
 
@@ -31,7 +32,7 @@ class Variant:
     def __post_init__(self):
         check_schedule(self.schedule)
         if self.pacing is not None:
-            parse_pacing(self.pacing)  # refuses a malformed spec here, before anything runs
+            check_pacing(self.pacing)  # refuses a malformed spec here, before anything runs
 
     @classmethod
     def parse(cls, text: str) -> Variant:
@@ -39,7 +40,7 @@ class Variant:
             raise InputError(f"variant {text!r}: expected SCHEDULE[@PACING], e.g. 'lag:4@off'")
         schedule, sep, pacing = text.strip().partition("@")
         if sep and not pacing:
-            raise InputError(f"variant {text!r}: a pacing must follow '@' (off, auto or RATE_GBPS:BUDGET_KIB)")
+            raise InputError(f"variant {text!r}: a pacing must follow '@' (off, default, auto or RATE_GBPS:BUDGET_KIB)")
         return cls(schedule, pacing or None)
 
     def __str__(self) -> str:

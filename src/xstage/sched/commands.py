@@ -15,8 +15,9 @@ from xstage.attention.exchange import parse_exchange
 from xstage.comm.pacing import spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
+from xstage.model.interference import load_default_interference
 from xstage.moe.buffer import check_block_size
-from xstage.moe.pacing import resolve_pacing
+from xstage.moe.pacing import AUTO, PACING_CANDIDATES, resolve_pacing
 from xstage.moe.problem import MoeShape, parse_block
 from xstage.moe.schedule import CANDIDATES
 from xstage.moe.variant import Variant
@@ -169,14 +170,18 @@ def run_plan_moe(args) -> int:
     profile = _load_profile(args.profile)
     costs = _load_costs(args.costs, "moe")
     ctas = ctas or default_ctas(profile)
-    # The kernel's pacing: "auto" is the default of the profile's path (the kernel's own rule).
-    pacing = _pacing("--pacing", args.pacing, profile.path, cfg.ep)
-    total = len(candidates) * len(block_ms or [cfg.block_m])
+    # "auto": every schedule under each pacing "auto" chooses from (the kernel's own rule).
+    if args.pacing == AUTO:
+        pacings = {spec: _pacing("--pacing", spec, profile.path, cfg.ep) for spec in PACING_CANDIDATES}
+    else:
+        pacings = {args.pacing: _pacing("--pacing", args.pacing, profile.path, cfg.ep)}
+    interference = None if args.no_interference else load_default_interference(profile.path)
+    total = len(candidates) * len(block_ms or [cfg.block_m]) * len(pacings)
     with Progress(total, "plan moe: candidates simulated", quiet=args.json) as bar:
         rows = plan_moe(cfg, profile.params, costs, ctas, candidates=candidates, block_ms=block_ms, seed=seed,
-                        pacing=pacing, progress=bar.callback)
+                        pacings=pacings, progress=bar.callback, interference=interference)
     table = [
-        {"schedule": r.schedule, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
+        {"schedule": r.schedule, "pacing": r.pacing, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
          "vs_best": r.time_ns / rows[0].time_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas,
          "wait_us_per_cta": r.breakdown["wait"] / 1e3 / ctas}
         for r in rows
@@ -184,13 +189,15 @@ def run_plan_moe(args) -> int:
     if plot is not None:
         plot = plot_timeline(rows[0].result, plot,
                              title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: {rows[0].schedule} (predicted)")
+    pacing_text = ", ".join(f"{spec} = {spec_of(p)}" for spec, p in pacings.items())
     text = (f"{cfg.shape}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {ctas} CTAs, "
-            f"store pacing {spec_of(pacing)} (GB/s:KiB), "
+            f"store pacing {pacing_text} (GB/s:KiB), interference {'on' if interference else 'off'}, "
             f"profile {profile.describe() if hasattr(profile, 'describe') else args.profile or 'default'}\n"
             + markdown_table(table, list(table[0]), floatfmt=".4g")
-            + f"\npick: {rows[0].schedule} (block_m {rows[0].block_m})" + (f"\ntimeline: {plot}" if plot else ""))
+            + f"\npick: {rows[0].variant} (block_m {rows[0].block_m})" + (f"\ntimeline: {plot}" if plot else ""))
     emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "ctas": ctas,
-          "pacing": spec_of(pacing), "rows": table, "pick": rows[0].schedule,
+          "pacing": {spec: spec_of(p) for spec, p in pacings.items()}, "interference": interference is not None,
+          "rows": table, "pick": rows[0].schedule, "pick_pacing": rows[0].pacing,
           "plot": str(plot) if plot else None}, args.json, text)
     return 0
 
@@ -302,7 +309,9 @@ def run_validate(args) -> int:
     with Progress(len(fused_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
         out_rows, summary = validate_moe(res.rows, params, costs, candidates=candidates,
                                          default_pacing=args.default_pacing, progress=bar.callback, workers=workers,
-                                         source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes)
+                                         source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes,
+                                         interference=None if args.no_interference
+                                         else load_default_interference(_load_profile(args.profile).path))
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
     plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
@@ -319,6 +328,11 @@ def _add_model_files(p, kernel: str) -> None:
                    "probe` (default: the embedded H200 host-link profile)")
     p.add_argument("--costs", metavar="JSON", help=f"task costs JSON of {kernel} (default: the embedded H200 "
                    "tile costs of that kernel)")
+
+
+def _add_interference(p) -> None:
+    p.add_argument("--no-interference", action="store_true", help="predict without the store/compute "
+                   "interference term (default: the term of the profile's path where one is calibrated)")
 
 
 def _add_json(p) -> None:
@@ -343,8 +357,10 @@ def register(sub) -> None:
     m.add_argument("--block-m", metavar="BM1,BM2", help="comma-separated BLOCK_M values to try, in rows per tile: "
                    "powers of two >= 16 (default: the kernel's 128)")
     m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing, >= 0 (default: 0)")
-    m.add_argument("--pacing", default="auto", help="the kernel's store pacing: auto (the default of the "
-                   "profile's path), off, or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
+    m.add_argument("--pacing", default=AUTO, help="the kernel's store pacing: auto (rank every schedule under "
+                   f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
+                   "or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
+    _add_interference(m)
     m.add_argument("--plot", metavar="PATH", help="write the best candidate's timeline here: a .png file "
                    f"(replaced if it exists) or an existing folder (writes {PLOT_NAME} in it) (default: no plot)")
     _add_json(m)
@@ -401,9 +417,10 @@ def register(sub) -> None:
     v.add_argument("--pool-bytes", type=int, default=None, help="MoE results: the row pool of the kernel that "
                    "measured them, in bytes (268435456 is the default pool); default: none, for results of the "
                    "kernel before the row pool")
-    v.add_argument("--default-pacing", default="auto", help="pacing of variants without an @ suffix: auto "
-                   "(today's default of the row's path), off (results measured before the kernel paced) or "
-                   "RATE:BUDGET in GB/s:KiB (default: auto)")
+    v.add_argument("--default-pacing", default="default", help="pacing of variants without an @ suffix: default "
+                   "(today's fixed default of the row's path), off (results measured before the kernel paced) or "
+                   "RATE:BUDGET in GB/s:KiB (default: default)")
+    _add_interference(v)
     v.add_argument("--exchange", default=None, metavar="X1,X2", help="Ulysses results: the exchanges to validate "
                    "(default: every exchange in the rows)")
     _add_calibration(v)

@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
+from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.work import KernelWork, Task
 
-CALIBRATION_SHAPES = ("H4096-I2048-E256-K6", "H1152-I4608-E8-K2")
 SLOWED, KEPT = 1.5, 1.1  # reader slowdowns that count as slowed / as unchanged
 STORE_PASS = 1 << 20  # bytes per storing CTA and pass in both benchmarks
 
@@ -84,7 +84,7 @@ def predict_slowdown(row: dict, store_path: PathParams, term: Interference, cost
 
 
 def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], store_path: PathParams,
-                     costs: TaskCosts, num_sms: int = 132, shapes: Sequence[str] = CALIBRATION_SHAPES,
+                     costs: TaskCosts, num_sms: int = 132, shapes: Sequence[str] = MODEL_SHAPES,
                      provenance: dict | None = None) -> tuple[Interference, list[dict]]:
     """The fitted term and one row per busy-link measurement (measured and predicted slowdown, and
     whether the row calibrated the fit or only checks it)."""

@@ -2,8 +2,10 @@
 
 For a MoE configuration, a store-path profile and measured tile costs, each candidate order
 (`expert_wave`, `interleaved`, `lag:k`) is turned into its task graph (`moe_work`) and simulated
-(`simulate_kernel`); the table is sorted by predicted kernel time. `pick_moe_schedule` is what the
-kernel's `model_guided` schedule runs: this module registers it with `xstage.moe.register_schedule`.
+(`simulate_kernel`, with the path's store/compute interference term where one was calibrated); the
+table is sorted by predicted kernel time. Given several store pacings (`pacings`), every schedule is
+ranked under each of them. `pick_moe_schedule` is what the kernel's `model_guided` schedule runs, and
+`pick_pacing_for_buffer` what its `pacing="auto"` runs: this module registers both with `xstage.moe`.
 
 Example:
     from xstage.model import load_default_profile
@@ -15,15 +17,17 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from xstage.comm.pacing import StorePacing
+from xstage.comm.pacing import StorePacing, spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
+from xstage.model.interference import Interference, load_default_interference
 from xstage.model.params import PathParams
+from xstage.moe.pacing import PACING_CANDIDATES, register_pacing_chooser, resolve_pacing
 from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
@@ -37,9 +41,16 @@ class PlanRow:
     time_ns: float
     breakdown: dict[str, float]
     result: SimResult
+    pacing: str = "off"  # the pacing spec it was predicted with (`xstage.moe.pacing`)
+
+    @property
+    def variant(self) -> str:
+        """`SCHEDULE@PACING` (`xstage.moe.Variant`)."""
+        return f"{self.schedule}@{self.pacing}"
 
     def as_dict(self) -> dict:
-        return {"schedule": self.schedule, "block_m": self.block_m, "time_ns": self.time_ns, **self.breakdown}
+        return {"schedule": self.schedule, "pacing": self.pacing, "block_m": self.block_m, "time_ns": self.time_ns,
+                **self.breakdown}
 
 
 def plan_moe(
@@ -52,31 +63,41 @@ def plan_moe(
     seed: int = 0,
     pacing: StorePacing | None = None,
     progress=None,
+    interference: Interference | None = None,
+    pacings: Mapping[str, StorePacing | None] | None = None,
 ) -> list[PlanRow]:
     """Every candidate (schedule x block_m) with its predicted kernel time, fastest first; `pacing` is
-    the kernel's store pacing (`xstage.comm.pacing`), None for unpaced stores. `progress(done, total)`
-    is called after each candidate's simulation. Every argument is checked before the first one."""
+    the kernel's store pacing (`xstage.comm.pacing`), None for unpaced stores; `pacings` (spec ->
+    pacing), when given, ranks every candidate under each of them instead. `interference` is the store
+    path's interference term (`xstage.model.interference`; None: off). `progress(done, total)` is
+    called after each candidate's simulation. Every argument is checked before the first one."""
     if not isinstance(num_ctas, int) or isinstance(num_ctas, bool) or num_ctas < 1:
         raise InputError(f"num_ctas={num_ctas!r}: must be a positive integer (persistent CTAs)")
     if not candidates:
         raise InputError("candidates: at least one schedule is needed")
     for name in candidates:
         check_plannable(name)
+    if interference is not None and not isinstance(interference, Interference):
+        raise InputError(f"interference: expected an Interference or None, got {type(interference).__name__}")
     configs = [cfg.with_blocks(block_m=bm) for bm in block_ms or (cfg.block_m,)]  # MoeConfig checks block_m
+    paced = dict(pacings) if pacings else {spec_of(pacing): pacing}
+    terms = {"remote": interference} if interference is not None else None
     rows = []
-    total = len(configs) * len(candidates)
+    total = len(configs) * len(candidates) * len(paced)
     done = 0
     for c in configs:
         for name in candidates:
-            done += 1
             try:
                 work = moe_work(c, name, costs, num_ctas, seed=seed)
             except PoolTooSmallError:
+                done += len(paced)
                 continue  # the kernel's row pool cannot run this order: not a candidate
-            res = simulate_kernel(work, {"remote": remote_path(path, pacing)}, trace_backlog=True)
-            rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res))
-            if progress:
-                progress(done, total)
+            for spec, p in paced.items():
+                done += 1
+                res = simulate_kernel(work, {"remote": remote_path(path, p)}, trace_backlog=True, interference=terms)
+                rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res, pacing=spec))
+                if progress:
+                    progress(done, total)
     if not rows:
         raise InputError(f"candidates {list(candidates)}: none fits a row pool of {cfg.pool_units} units")
     rows.sort(key=lambda r: r.time_ns)
@@ -107,20 +128,38 @@ def moe_path_params(path: str) -> PathParams:
     return load_default_profile(path).params
 
 
+def _buffer_config(buf, tokens_per_rank: int) -> MoeConfig:
+    c = buf.cfg
+    return MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
+                     tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
+                     block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic,
+                     pool_units=buf.pool_units)
+
+
 def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,
                         candidates: Sequence[str] = CANDIDATES) -> str:
     """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape, the
     call's token count and store pacing."""
-    c = buf.cfg
-    cfg = MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
-                    tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
-                    block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic,
-                    pool_units=buf.pool_units)
-    return pick_moe_schedule(cfg, moe_path_params(buf.store_path), load_default_costs("moe"), num_ctas,
-                             candidates=candidates, pacing=pacing)
+    return pick_moe_schedule(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path),
+                             load_default_costs("moe"), num_ctas, candidates=candidates, pacing=pacing,
+                             interference=load_default_interference(buf.store_path))
+
+
+def pick_pacing_for_buffer(buf, tokens_per_rank: int, num_ctas: int, schedule: str | None,
+                           candidates: Sequence[str] = CANDIDATES) -> str:
+    """`pacing="auto"` of `xstage.moe`: the pacing spec (one of `PACING_CANDIDATES`) with the lowest
+    predicted time for `schedule`, or for the best schedule when `schedule` is None (chosen per call)."""
+    if buf.R < 2:
+        return "off"  # no remote stores to pace
+    pacings = {spec: resolve_pacing(spec, buf.store_path, buf.R) for spec in PACING_CANDIDATES}
+    rows = plan_moe(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path), load_default_costs("moe"),
+                    num_ctas, candidates=[schedule] if schedule else candidates, pacings=pacings,
+                    interference=load_default_interference(buf.store_path))
+    return rows[0].pacing
 
 
 register_schedule("model_guided", chooser=pick_for_moe_buffer)
+register_pacing_chooser(pick_pacing_for_buffer)
 
 
 def default_ctas(profile: Profile | None = None) -> int:

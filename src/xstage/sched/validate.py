@@ -3,9 +3,10 @@
 For every measured (shape, tokens, EP, variant) row of the fused kernel the planner's prediction is
 computed with the given path profile, task costs and the row's store pacing (the variant's `@`
 suffix, `xstage.moe.Variant`, resolved by `xstage.moe.resolve_pacing`). A variant without a suffix ran
-with the buffer default
-of the commit that measured it: `default_pacing` says which (`auto`: today's default of the row's
-path; `off` for results measured before the kernel had pacing). The
+with the fixed default
+pacing of the commit that measured it: `default_pacing` says which (`default`: today's default of the
+row's path; `off` for results measured before the kernel had pacing). `interference` is the store
+path's interference term (None: off). The
 report gives the relative error per row, its median and p90, and per configuration and pacing whose
 every planner candidate was measured, whether the candidate the model ranks first is within the
 tolerance of the best measured one: max(3%, the best one's run-to-run spread), the spread being its
@@ -25,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.model.interference import Interference
 from xstage.model.params import PathParams
 from xstage.moe.buffer import max_units, pool_units
 from xstage.moe.pacing import resolve_pacing
@@ -36,7 +38,7 @@ from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
 
 
-def split_variant(variant: str, default_pacing: str = "auto") -> tuple[str, str]:
+def split_variant(variant: str, default_pacing: str = "default") -> tuple[str, str]:
     """`"lag:4@off"` -> (`"lag:4"`, `"off"`); no suffix -> (schedule, `default_pacing`)."""
     v = Variant.parse(variant)
     return v.schedule, v.pacing_or(default_pacing)
@@ -57,11 +59,12 @@ def _config(row: dict) -> MoeConfig:
 
 
 def _predict_row(job) -> float:
-    row, cfg, path, costs, default_pacing = job
+    row, cfg, path, costs, default_pacing, interference = job
     schedule, pace = split_variant(str(row["variant"]).strip(), default_pacing)
     pacing = resolve_pacing(pace, str(row["path"]).strip(), cfg.ep)
     work = moe_work(cfg, schedule, costs, int(row["ctas"]))
-    return simulate_kernel(work, {"remote": remote_path(path, pacing)}).time_ns
+    terms = {"remote": interference} if interference is not None else None
+    return simulate_kernel(work, {"remote": remote_path(path, pacing)}, interference=terms).time_ns
 
 
 def _spread(row: dict) -> float:
@@ -118,9 +121,9 @@ def fused_rows(rows: Sequence[dict], min_ep: int = 2) -> list[dict]:
 
 
 def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, tolerance: float = 0.03,
-                 candidates: Sequence[str] = CANDIDATES, default_pacing: str = "auto", progress=None,
+                 candidates: Sequence[str] = CANDIDATES, default_pacing: str = "default", progress=None,
                  workers: int = 1, source: str = "results", lines: Sequence[int] | None = None,
-                 pool_bytes: int | None = None) -> tuple[list[dict], dict]:
+                 pool_bytes: int | None = None, interference: Interference | None = None) -> tuple[list[dict], dict]:
     """Per-row predictions and the summary (median/p90 error, pick accuracy). `progress(done, total)`
     is called after each simulated row; `source` and `lines` (the rows' file and line numbers) name
     where a refused row is. `pool_bytes`: the row pool of the kernel that measured the rows (its slot
@@ -150,7 +153,7 @@ def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep
             i = index[id(r)]
             where = f"{source}, line {lines[i]}" if lines is not None else f"{source}, row {i + 1}"
             raise InputError(f"{where}: {exc}") from None
-        jobs.append((r, cfg, path, costs, default_pacing))
+        jobs.append((r, cfg, path, costs, default_pacing, interference))
     predicted = _map(_predict_row, jobs, workers, progress)
     out = []
     for r, pred in zip(todo, predicted):
