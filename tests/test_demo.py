@@ -27,8 +27,8 @@ def test_demo_writes_report_and_plots_and_plans_what_plan_moe_plans(tmp_path, ca
     for name in ("r0", "c_sm", "drain", "capacity", "t0"):
         assert f"| {name} |" in report
     assert "Held-out error" in report
-    assert ("This table is what `xstage plan moe --shape H4096-I2048-E256-K6 --tokens 2048 --ep 8` plans"
-            in report)
+    assert ("This table is what `xstage plan moe --shape H4096-I2048-E256-K6 --tokens 2048 --ep 8 --pacing default` "
+            "plans" in report)
     from matplotlib.image import imread
 
     assert sorted(p.split("/")[-1] for p in payload["plots"]) == ["issue_vs_burst.png", "issue_vs_gap.png",
@@ -38,7 +38,8 @@ def test_demo_writes_report_and_plots_and_plans_what_plan_moe_plans(tmp_path, ca
         assert img.shape[0] > 300 and img.shape[1] > 400 and img[..., :3].std() > 0.01  # a drawn, non-blank plot
 
     # The demo's planned table is `xstage plan moe`'s: same schedules, same order, same times.
-    argv = ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--json"]
+    argv = ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "2048", "--ep", "8", "--pacing", "default",
+            "--json"]
     if torch.cuda.is_available():  # `plan moe` plans for this GPU's SM count, the demo for the profile's
         argv += ["--ctas", str(profile.sm_count)]
     assert main(argv) == 0

@@ -92,7 +92,9 @@ def _worker(rank, world, port, use_gpu, dtype, results):
         # overlap: a rank that never sends its rows nor reaches the barrier is named at comm.barrier;
         # the others meet first on the host, and wait long enough for each other's barrier kernels
         ctx.reset_error()
-        ctx.timeout_ns = 200_000_000 if use_gpu else 400_000_000
+        # On a shared GPU the ranks' spinning barrier kernels take turns in time slices: give the
+        # present ranks seconds to arrive (one GPU per rank needs microseconds).
+        ctx.timeout_ns = 5_000_000_000 if use_gpu else 400_000_000
         og = empty_gathered_out(plan, dtype, device)
         stage = stage_buffer(state, ctx)
         if rank != world - 1:

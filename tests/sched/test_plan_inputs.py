@@ -285,11 +285,12 @@ def test_validate_progress_is_plain_lines_and_quiet_under_json(tmp_path, capsys)
 def test_plan_progress_goes_to_stderr_and_json_is_standard(capsys):
     assert main(TINY) == 0
     cap = capsys.readouterr()
-    assert "\r" not in cap.err and "plan moe: candidates simulated: 2/2" in cap.err
+    # 2 candidates x the 2 pacings "auto" (the default) chooses from
+    assert "\r" not in cap.err and "plan moe: candidates simulated: 4/4" in cap.err
     assert "pick:" in cap.out
     assert main([*TINY, "--json"]) == 0
     cap = capsys.readouterr()
-    assert cap.err == "" and len(_strict_json(cap.out)["rows"]) == 2
+    assert cap.err == "" and len(_strict_json(cap.out)["rows"]) == 4
     u = ["plan", "ulysses", "--heads", "6", "--dim", "64", "--tokens", "1000", "--ranks", "3",
          "--candidates", "stores:burst,stores:paced:16"]
     assert main(u) == 0
