@@ -6,9 +6,22 @@ lag:k) and `register_schedule`, `Variant` (schedule plus store pacing), `resolve
 (the fused layer), `MoeShape` / `Problem` (problem definitions), `torch.ops.xstage.moe_fused` (custom
 op, after importing `xstage.moe.op`). The `model_guided` schedule is registered by `xstage.sched`,
 which `import xstage` loads.
+
+FP8 (in progress; the fused kernel is BF16 only): `quantize_activations`, `quantize_weights` and
+their inverses, `check_fp8_activations`, `check_fp8_weights` and `reference_moe_fp8`, the
+FP8-emulating reference (`xstage.moe.fp8`).
 """
 
 from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.moe.fp8 import (
+    check_fp8_activations,
+    check_fp8_weights,
+    dequantize_activations,
+    dequantize_weights,
+    quantize_activations,
+    quantize_weights,
+    reference_moe_fp8,
+)
 from xstage.moe.fused import fused_moe
 from xstage.moe.layout import routing_layout, transform_weights, untransform_l1
 from xstage.moe.pacing import resolve_pacing
@@ -19,7 +32,8 @@ from xstage.moe.variant import Variant, parse_variants
 
 __all__ = [
     "CANDIDATES", "SHAPES", "BlockConfig", "LoopbackGroup", "MoEBuffer", "MoeShape", "Problem", "Schedule",
-    "Variant", "fused_moe", "loopback_inputs", "make_schedule", "parse_block", "parse_variants",
-    "reference_moe_dist", "reference_moe_virtual", "register_schedule", "resolve_pacing", "routing_layout",
-    "schedule_names", "transform_weights", "untransform_l1",
+    "Variant", "check_fp8_activations", "check_fp8_weights", "dequantize_activations", "dequantize_weights",
+    "fused_moe", "loopback_inputs", "make_schedule", "parse_block", "parse_variants", "quantize_activations",
+    "quantize_weights", "reference_moe_dist", "reference_moe_fp8", "reference_moe_virtual", "register_schedule",
+    "resolve_pacing", "routing_layout", "schedule_names", "transform_weights", "untransform_l1",
 ]
