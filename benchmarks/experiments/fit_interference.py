@@ -23,8 +23,8 @@ from pathlib import Path
 from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.results.io import read_rows, write_csv_atomic
-from xstage.sched.costs import load_default_costs
 from xstage.sched.calibrate import MODEL_SHAPES
+from xstage.sched.costs import load_default_costs
 from xstage.sched.interference import fit_interference
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

@@ -5,8 +5,11 @@ and B; see `benchmarks/results/h200-moe-ab/README.md`). Every variant is `SCHEDU
 without `@` ran with the fixed default pacing (`default`).
 
 Policies, each scored on run B's measured times:
-- `planner`: per configuration, the variant with the lowest *predicted* time (no measurement used),
-  with tile costs calibrated on `MODEL_SHAPES` only and the path's interference term;
+- `planner`: per configuration, the variant the planner ranks first (`xstage.sched.plan.rank_ns`):
+  predicted times with tile costs calibrated on `MODEL_SHAPES` only and the path's interference term,
+  unpaced ones multiplied by the term's `unpaced_bias`, which is fitted here on run A's `MODEL_SHAPES`
+  rows only (`fit_unpaced_bias`; `--update` writes it into the embedded term);
+- `planner, no bias`: the same without `unpaced_bias`; `planner without the term`: no term, its own bias;
 - `constant (A)`: the one variant with the best geomean over run A's configurations;
 - `per-configuration best (A)`: each configuration's fastest variant on run A;
 - `oracle (B)`: each configuration's fastest variant on run B itself (an upper bound, not a policy).
@@ -22,7 +25,9 @@ Model error: median |pred/meas - 1| of run B's rows, paced (`default`) and unpac
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,12 +35,14 @@ import numpy as np
 
 from xstage.env import environment
 from xstage.model import load_default_profile
-from xstage.model.interference import load_default_interference
+from xstage.model.interference import Interference, load_default_interference
 from xstage.moe.variant import Variant
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
 from xstage.sched.calibrate import MODEL_SHAPES, REPORT_SHAPES
 from xstage.sched.costs import load_default_costs
+from xstage.sched.interference import fit_unpaced_bias
+from xstage.sched.plan import rank_ns
 from xstage.sched.validate import fused_rows, validate_moe
 
 POOL_BYTES = 256 << 20  # the kernel's default row pool (`MoEBuffer`), which measured both runs
@@ -69,6 +76,9 @@ def main() -> None:
     ap.add_argument("--run-a", required=True)
     ap.add_argument("--run-b", required=True)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--update", help="write the fitted unpaced_bias into this interference JSON")
+    ap.add_argument("--predictions", help="reuse the predictions.csv of an earlier run at the same commit "
+                    "instead of simulating")
     args = ap.parse_args()
     out = Path(args.out)
     commit = environment()["git_commit"]
@@ -81,7 +91,12 @@ def main() -> None:
     term = load_default_interference("host")
 
     preds = {}
-    for label, interference in (("with_term", term), ("without_term", None)):
+    if args.predictions:
+        for r in read_rows(args.predictions):
+            key = (r["shape"], int(r["tokens"]), int(r["ep"]), r["variant"])
+            preds[(*key, "with_term")] = float(r["predicted_ns"])
+            preds[(*key, "without_term")] = float(r["predicted_without_term_ns"])
+    for label, interference in (("with_term", term), ("without_term", None)) if not preds else ():
         pred_rows, _ = validate_moe(rows_b, params, costs, pool_bytes=POOL_BYTES, interference=interference,
                                     workers=args.workers, progress=None)
         for o in pred_rows:
@@ -90,13 +105,26 @@ def main() -> None:
     def t(run, cfg, v) -> float:
         return float(run[cfg][v]["time_ns"])
 
+    def bias_of(label: str) -> float:  # run A, calibration shapes only
+        return fit_unpaced_bias([(preds[(*c, v, label)], preds[(*c, v.replace("@off", "@default"), label)],
+                                  t(a, c, v), t(a, c, v.replace("@off", "@default")))
+                                 for c in configs if c[0] in MODEL_SHAPES for v in variants if v.endswith("@off")])
+
+    bias = {label: bias_of(label) for label in ("with_term", "without_term")}
+    terms = {label: Interference(0.0, 0.0, 0.0, unpaced_bias=bias[label]) for label in bias}
+
+    def planner(c, label: str, use_bias: bool = True):
+        def key(v: str) -> float:
+            off = None if v.endswith("@off") else "paced"
+            return rank_ns(preds[(*c, v, label)], off, terms[label] if use_bias else None)
+        return min(variants, key=key)
+
     constant = min(variants, key=lambda v: geomean([t(a, c, v) / min(t(a, c, w) for w in variants) for c in configs]))
     per_config = []
     for c in configs:
         best_b = min(variants, key=lambda v: t(b, c, v))
-        planner = min(variants, key=lambda v: preds[(*c, v, "with_term")])
-        planner_no_term = min(variants, key=lambda v: preds[(*c, v, "without_term")])
-        picks = {"planner": planner, "planner without the term": planner_no_term, "constant (A)": constant,
+        picks = {"planner": planner(c, "with_term"), "planner, no bias": planner(c, "with_term", False),
+                 "planner without the term": planner(c, "without_term"), "constant (A)": constant,
                  "per-configuration best (A)": min(variants, key=lambda v: t(a, c, v)), "oracle (B)": best_b}
         tol = max(TOLERANCE, spread(b[c][best_b]))
         row = {"shape": c[0], "tokens": c[1], "ep": c[2], "baseline_ns": t(b, c, BASELINE),
@@ -106,17 +134,22 @@ def main() -> None:
             row[f"{name}: time_ns"] = t(b, c, v)
         per_config.append(row)
 
-    policies = ["planner", "planner without the term", "constant (A)", "per-configuration best (A)", "oracle (B)"]
+    policies = ["planner", "planner, no bias", "planner without the term", "constant (A)",
+                "per-configuration best (A)", "oracle (B)"]
     summary = []
-    for name in policies:
-        speed = [r["baseline_ns"] / r[f"{name}: time_ns"] for r in per_config]
-        loss = [r[f"{name}: time_ns"] / r["best_b_ns"] for r in per_config]
-        within = sum(r[f"{name}: time_ns"] <= r["best_b_ns"] * (1 + r["tolerance"]) for r in per_config)
-        summary.append({"policy": name + (f" = {constant}" if name == "constant (A)" else ""),
+    for name, shapes in [(p, None) for p in policies] + [(p, REPORT_SHAPES) for p in policies]:
+        judged = [r for r in per_config if shapes is None or r["shape"] in shapes]
+        speed = [r["baseline_ns"] / r[f"{name}: time_ns"] for r in judged]
+        loss = [r[f"{name}: time_ns"] / r["best_b_ns"] for r in judged]
+        within = sum(r[f"{name}: time_ns"] <= r["best_b_ns"] * (1 + r["tolerance"]) for r in judged)
+        picked_off = sum(r[f"{name}: variant"].endswith("@off") for r in judged)
+        summary.append({"configurations": "report shapes" if shapes else "all",
+                        "policy": name + (f" = {constant}" if name == "constant (A)" else ""),
                         "geomean speedup over expert_wave@default (B)": round(geomean(speed), 4),
                         "min": round(min(speed), 3), "max": round(max(speed), 3),
                         "geomean loss to oracle (B)": round(geomean(loss) - 1, 4),
-                        "within max(3%, spread) of oracle": f"{within}/{len(per_config)}"})
+                        "within max(3%, spread) of oracle": f"{within}/{len(judged)}",
+                        "unpaced picks": picked_off})
 
     errors = []
     for shapes, role in ((REPORT_SHAPES, "report"), (MODEL_SHAPES, "calibration")):
@@ -141,12 +174,24 @@ def main() -> None:
                      list(summary[0]) + ["git_commit"])
     write_csv_atomic(out / "model-error.csv", [dict(e, git_commit=commit) for e in errors],
                      list(errors[0]) + ["git_commit"])
-    text = (f"{len(configs)} configurations x {len(variants)} variants; commit {commit}\n\n"
-            + markdown_table(summary, list(summary[0])) + "\n\n" + markdown_table(errors, list(errors[0])))
+    text = (f"{len(configs)} configurations x {len(variants)} variants; commit {commit}; unpaced_bias fitted on "
+            f"run A, {', '.join(MODEL_SHAPES)}: {bias['with_term']:.4f} with the term, "
+            f"{bias['without_term']:.4f} without\n\n"
+            + markdown_table(summary, list(summary[0]), floatfmt=".4g") + "\n\n"
+            + markdown_table(errors, list(errors[0]), floatfmt=".4g"))
     (out / "scores.md").write_text(text + "\n")
     print(text)
     if not math.isfinite(summary[0]["geomean speedup over expert_wave@default (B)"]):
         raise SystemExit("non-finite score")
+    if args.update:
+        path = Path(args.update)
+        d = json.loads(path.read_text())
+        d["unpaced_bias"] = round(bias["with_term"], 4)
+        d.setdefault("provenance", {})["unpaced_bias_from"] = (
+            f"benchmarks/experiments/moe_ab.py at {commit}: run A of h200-moe-ab, shapes {list(MODEL_SHAPES)}")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(d, indent=2) + "\n")
+        os.replace(tmp, path)
 
 
 if __name__ == "__main__":

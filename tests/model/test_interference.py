@@ -79,7 +79,7 @@ def test_stretch_is_per_storer_times_storers_times_share(storing, share, want):
 
 def test_json_round_trip_keeps_fields_and_provenance():
     d = json.loads(json.dumps(TERM.to_dict()))
-    assert set(d) == {*FIELDS, "provenance"}
+    assert set(d) == {*FIELDS, "unpaced_bias", "provenance"}
     back = Interference.from_dict(d)
     assert back == TERM
     assert back.provenance == {"gpu": "test"}
@@ -139,3 +139,12 @@ def test_embedded_host_calibration():
 @pytest.mark.parametrize("path", [pytest.param("hbm", id="hbm"), pytest.param("nonexistent", id="unknown")])
 def test_paths_without_a_calibration_give_none(path):
     assert load_default_interference(path) is None
+
+
+def test_unpaced_bias_is_optional_in_json_and_checked():
+    d = {"per_storer": 0.3, "onset_bytes": 1e6, "window_bytes": 1.5e5}
+    assert Interference.from_dict(d).unpaced_bias == 1.0  # a calibration without it
+    assert Interference.from_dict({**d, "unpaced_bias": 1.12}).unpaced_bias == 1.12
+    for bad in (-1.0, float("nan"), "1.1", True):
+        with pytest.raises(InputError, match="unpaced_bias"):
+            Interference.from_dict({**d, "unpaced_bias": bad})

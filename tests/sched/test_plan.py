@@ -196,3 +196,34 @@ def test_row_pool_slot_waits_are_dependencies_and_cost_time():
                     candidates=("expert_wave", "lag:2", "lag:8"))
     assert [r.schedule for r in rows if r.schedule == "lag:8"] == []  # lag:8 needs 10 units: not a candidate
     assert {r.schedule for r in rows} == {"expert_wave", "lag:2"}
+
+
+def test_unpaced_bias_ranks_unpaced_candidates_slower_but_keeps_their_predicted_time():
+    from xstage.comm.pacing import StorePacing
+    from xstage.model.interference import Interference
+    from xstage.sched.plan import rank_ns
+
+    paced = StorePacing(rate=4e9, budget=256 * 1024)
+    term = Interference(0.0, 1e9, 1.0, unpaced_bias=1.5)
+    assert rank_ns(100.0, None, term) == 150.0 and rank_ns(100.0, paced, term) == 100.0
+    assert rank_ns(100.0, None, None) == 100.0
+    rows = plan_moe(SMALL, SLOW_PATH, COSTS, 4, candidates=["lag:1"], pacings={"off": None, "4:256": paced})
+    unbiased = {r.pacing: r.time_ns for r in rows}
+    big = Interference(0.0, 1e18, 1.0, unpaced_bias=1e3)  # never active; only the bias matters
+    rows = plan_moe(SMALL, SLOW_PATH, COSTS, 4, candidates=["lag:1"], pacings={"off": None, "4:256": paced},
+                    interference=big)
+    assert rows[0].pacing == "4:256"  # the unpaced candidate now ranks last
+    assert {r.pacing: r.time_ns for r in rows} == pytest.approx(unbiased, rel=1e-12)  # times unchanged
+    assert rows[1].rank_ns == rows[1].time_ns * 1e3
+
+
+def test_fit_unpaced_bias_is_the_geomean_of_measured_over_predicted_ratios():
+    from xstage.sched.interference import fit_unpaced_bias
+
+    # measured off/paced ratios 1.2 and 1.0 against predicted 1.0 and 0.8: biases 1.2 and 1.25
+    got = fit_unpaced_bias([(100.0, 100.0, 120.0, 100.0), (80.0, 100.0, 100.0, 100.0)])
+    assert got == pytest.approx((1.2 * 1.25) ** 0.5, rel=1e-12)
+    with pytest.raises(InputError, match="no"):
+        fit_unpaced_bias([])
+    with pytest.raises(InputError, match="> 0"):
+        fit_unpaced_bias([(0.0, 1.0, 1.0, 1.0)])

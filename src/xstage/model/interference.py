@@ -17,6 +17,10 @@ Calibration (`xstage.sched.interference`): `onset_bytes` from the bystander benc
 their speed beside 8 storing SMs, not beside 16), `per_storer` from the fused MoE kernel's tiles
 beside a store kernel that saturates the link.
 
+What the term still misses: `unpaced_bias` is the measured ratio of an unpaced kernel's time to its
+paced twin's over the same ratio predicted (geometric mean). A planner comparing paced with unpaced
+candidates multiplies the unpaced predictions by it (`xstage.sched.plan.rank_ns`); 1 means none.
+
 Example:
     >>> from xstage.model.interference import Interference
     >>> i = Interference(per_storer=0.25, onset_bytes=2e6, window_bytes=150e3)
@@ -42,10 +46,11 @@ class Interference:
     per_storer: float
     onset_bytes: float
     window_bytes: float
+    unpaced_bias: float = 1.0
     provenance: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        for name in ("per_storer", "onset_bytes", "window_bytes"):
+        for name in ("per_storer", "onset_bytes", "window_bytes", "unpaced_bias"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise InputError(f"Interference.{name}={v!r}: must be a finite number >= 0")
@@ -74,7 +79,7 @@ class Interference:
         prov = d.get("provenance", {})
         if not isinstance(prov, dict):
             raise InputError(f"{source}: provenance must be an object")
-        return cls(d["per_storer"], d["onset_bytes"], d["window_bytes"], prov)
+        return cls(d["per_storer"], d["onset_bytes"], d["window_bytes"], d.get("unpaced_bias", 1.0), prov)
 
 
 def load_default_interference(path: str) -> Interference | None:

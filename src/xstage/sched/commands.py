@@ -182,7 +182,7 @@ def run_plan_moe(args) -> int:
                         pacings=pacings, progress=bar.callback, interference=interference)
     table = [
         {"schedule": r.schedule, "pacing": r.pacing, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
-         "vs_best": r.time_ns / rows[0].time_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas,
+         "vs_best": r.rank_ns / rows[0].rank_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas,
          "wait_us_per_cta": r.breakdown["wait"] / 1e3 / ctas}
         for r in rows
     ]

@@ -124,5 +124,19 @@ def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], 
     return best, out
 
 
+def fit_unpaced_bias(pairs: Sequence[tuple[float, float, float, float]]) -> float:
+    """Geometric mean over (predicted unpaced, predicted paced, measured unpaced, measured paced) of the
+    measured unpaced/paced ratio over the predicted one: how much slower unpaced kernels run, next to
+    their paced twins, than the model says (`Interference.unpaced_bias`)."""
+    if not pairs:
+        raise InputError("unpaced bias: no (predicted, measured) pairs of unpaced and paced kernels")
+    logs = []
+    for pred_off, pred_paced, meas_off, meas_paced in pairs:
+        if min(pred_off, pred_paced, meas_off, meas_paced) <= 0:
+            raise InputError(f"unpaced bias: times must be > 0, got {(pred_off, pred_paced, meas_off, meas_paced)}")
+        logs.append(math.log((meas_off / meas_paced) / (pred_off / pred_paced)))
+    return math.exp(sum(logs) / len(logs))
+
+
 def _measured(row: dict) -> float:
     return float(row["busy_ns"]) / float(row["idle_ns"])

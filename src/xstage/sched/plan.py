@@ -42,6 +42,7 @@ class PlanRow:
     breakdown: dict[str, float]
     result: SimResult
     pacing: str = "off"  # the pacing spec it was predicted with (`xstage.moe.pacing`)
+    rank_ns: float = 0.0  # what the ranking compares (`rank_ns`)
 
     @property
     def variant(self) -> str:
@@ -51,6 +52,12 @@ class PlanRow:
     def as_dict(self) -> dict:
         return {"schedule": self.schedule, "pacing": self.pacing, "block_m": self.block_m, "time_ns": self.time_ns,
                 **self.breakdown}
+
+
+def rank_ns(time_ns: float, pacing: StorePacing | None, interference: Interference | None) -> float:
+    """What the planner compares across candidates: the predicted time, an unpaced one multiplied by
+    the term's measured `unpaced_bias` (what the interference term still misses on unpaced kernels)."""
+    return time_ns * (interference.unpaced_bias if pacing is None and interference is not None else 1.0)
 
 
 def plan_moe(
@@ -68,7 +75,7 @@ def plan_moe(
 ) -> list[PlanRow]:
     """Every candidate (schedule x block_m) with its predicted kernel time, fastest first; `pacing` is
     the kernel's store pacing (`xstage.comm.pacing`), None for unpaced stores; `pacings` (spec ->
-    pacing), when given, ranks every candidate under each of them instead. `interference` is the store
+    pacing), when given, ranks every candidate under each of them instead (by `rank_ns`). `interference` is the store
     path's interference term (`xstage.model.interference`; None: off). `progress(done, total)` is
     called after each candidate's simulation. Every argument is checked before the first one."""
     if not isinstance(num_ctas, int) or isinstance(num_ctas, bool) or num_ctas < 1:
@@ -95,12 +102,13 @@ def plan_moe(
             for spec, p in paced.items():
                 done += 1
                 res = simulate_kernel(work, {"remote": remote_path(path, p)}, trace_backlog=True, interference=terms)
-                rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res, pacing=spec))
+                rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res, pacing=spec,
+                                    rank_ns=rank_ns(res.time_ns, p, interference)))
                 if progress:
                     progress(done, total)
     if not rows:
         raise InputError(f"candidates {list(candidates)}: none fits a row pool of {cfg.pool_units} units")
-    rows.sort(key=lambda r: r.time_ns)
+    rows.sort(key=lambda r: r.rank_ns)
     return rows
 
 
