@@ -130,8 +130,12 @@ def dequantize_weights(w_fp8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tens
 def quantize_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`t [..., R, C]` -> `(t_fp8, scale float32 [..., R])`: one scale per row, as `_scaled_grouped_mm` takes."""
     _need_float(t, "t", "[..., R, C]")
-    t8, scale = _quantize(t, 1, max(t.shape[-1], 1))
-    return t8, scale.squeeze(-1).contiguous()
+    if t.dim() > 2:  # one expert at a time: float32 copies of all of a large model's weights do not fit
+        pairs = [quantize_rowwise(t[i]) for i in range(t.shape[0])]
+        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    amax = t.abs().amax(dim=-1, keepdim=True).float()
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / FP8_MAX)  # NaN stays NaN
+    return to_e4m3(t.float() / scale).contiguous(), scale.squeeze(-1).contiguous()
 
 
 def _check_pair(data, scale, name: str, dims: str, scale_dims: str, expected_scale, device) -> None:
