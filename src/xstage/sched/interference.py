@@ -94,7 +94,8 @@ def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], 
         raise InputError(f"busy-link rows: none of the calibration shapes {list(shapes)}")
 
     def term(per_storer: float) -> Interference:
-        return Interference(per_storer, onset, store_path.c_sm, dict(provenance or {}, onset_storers=[k_lo, k_hi]))
+        return Interference(per_storer, onset, store_path.c_sm,
+                            provenance=dict(provenance or {}, onset_storers=[k_lo, k_hi]))
 
     def loss(per_storer: float) -> float:
         return sum(math.log(predict_slowdown(r, store_path, term(per_storer), costs, num_sms) / _measured(r)) ** 2
