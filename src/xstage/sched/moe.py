@@ -135,17 +135,20 @@ def task_work(cfg: MoeConfig, kind: int) -> float:
     return 2.0 * cfg.block_m * min(cfg.block_n2, cfg.hidden) * cfg.intermediate
 
 
-def tile_hbm_bytes(cfg: MoeConfig, kind: int, rows_per_expert: float) -> float:
-    """Bytes a task loads from HBM (`xstage.sched.tilecost.tile_work`): a GEMM tile's weight slab
-    after L2 sharing plus its share of the unit's activations; a dispatch copy its unit's rows."""
+def tile_load_bytes(cfg: MoeConfig, kind: int, rows_per_expert: float) -> float:
+    """Bytes a task loads (`xstage.sched.tilecost.tile_work`): a GEMM tile's whole weight slab and its
+    unit's activation rows, from L2 or HBM; a dispatch copy its unit's rows."""
     w = tile_work(KIND_NAMES[kind], cfg.shape, cfg.block, rows_per_expert, cfg.elem_bytes)
-    return w.copy_bytes if kind == DISPATCH else w.hbm_bytes
+    return w.copy_bytes if kind == DISPATCH else w.load_bytes
 
 
-def mem_share(hbm_bytes: float, task_ns: float) -> float:
-    """The share of a task's time bound by its HBM loads: at most 1, when its bytes at the SM's share
-    of HBM bandwidth take the whole task (`Task.mem_share`)."""
-    return min(1.0, hbm_bytes / (HBM_BYTES_PER_NS_PER_SM * task_ns)) if task_ns > 0 else 0.0
+def mem_share(load_bytes: float, task_ns: float) -> float:
+    """The share of a task's time that its loads would take at an SM's share of HBM bandwidth, at most 1
+    (`Task.mem_share`). Every operand byte counts, L2 hits included: beside a saturated host link the
+    kernel's tiles slow alike whether their expert's weights are shared through L2 or not (fitted both
+    ways on `benchmarks/results/h200-moe-busy-link/`, this one predicts the shape with L2 sharing within
+    16% instead of 48%; `benchmarks/results/h200-interference/`)."""
+    return min(1.0, load_bytes / (HBM_BYTES_PER_NS_PER_SM * task_ns)) if task_ns > 0 else 0.0
 
 
 def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, seed: int = 0) -> KernelWork:
@@ -163,7 +166,7 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
                                                    task_work(cfg, k), elem_bytes=cfg.elem_bytes)
                  for k in (DISPATCH, LINEAR1, LINEAR2)}
     # Rounded so tasks of one kind share one clock in the simulator's interference term.
-    kind_share = {k: round(mem_share(tile_hbm_bytes(cfg, k, rows_per_expert), kind_time[k]), 3)
+    kind_share = {k: round(mem_share(tile_load_bytes(cfg, k, rows_per_expert), kind_time[k]), 3)
                   for k in (DISPATCH, LINEAR1, LINEAR2)}
     remote_share = (cfg.ep - 1) / cfg.ep
     n_cols = min(cfg.block_n2, cfg.hidden)

@@ -94,12 +94,14 @@ def units_per_expert(rows_per_expert: float, block_m: int, route_share: float) -
 
 @dataclass(frozen=True)
 class TileWork:
-    """What one task does: GEMM tiles carry `flops` and `hbm_bytes`, dispatch `copy_bytes` and `chunks`."""
+    """What one task does: GEMM tiles carry `flops`, `hbm_bytes` and `load_bytes` (every operand byte
+    it loads, from L2 or HBM), dispatch `copy_bytes` and `chunks`."""
 
     kind: str
     elem_bytes: int
     flops: float = 0.0
     hbm_bytes: float = 0.0
+    load_bytes: float = 0.0
     copy_bytes: float = 0.0
     chunks: int = 0
 
@@ -121,7 +123,7 @@ def tile_work(kind: str, shape, block, rows_per_expert: float, elem_bytes: int =
         n_cols, k_dim, slabs = min(bn2, h), i, -(-h // bn2)
     sharing = units_per_expert(rpe, bm, min(1.0, topk / experts))
     hbm = n_cols * k_dim * e / sharing + bm * k_dim * e / slabs
-    return TileWork(kind, e, flops=2.0 * bm * n_cols * k_dim, hbm_bytes=hbm)
+    return TileWork(kind, e, flops=2.0 * bm * n_cols * k_dim, hbm_bytes=hbm, load_bytes=(bm + n_cols) * k_dim * e)
 
 
 def unit_gemm_tiles(shape, block, rows_per_expert: float, elem_bytes: int = 2) -> list[tuple[int, TileWork]]:
