@@ -81,6 +81,7 @@ def main() -> None:
                     "instead of simulating")
     args = ap.parse_args()
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     commit = environment()["git_commit"]
     rows_a, rows_b = read_rows(args.run_a), read_rows(args.run_b)
     a, b = by_config(rows_a), by_config(rows_b)
