@@ -214,7 +214,8 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         issuing[(path, cta.index)] = cta
 
     def store_issued(path: str, cta: _Cta, now: float) -> None:
-        sync(now)
+        if clocks:
+            sync(now)
         _, nbytes = cta.pending_stores.pop(0)
         if path in in_fabric:
             del in_fabric[path][cta.index]
@@ -266,7 +267,8 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             break
         if slowest is None:
             now, i = heapq.heappop(compute_done)
-            sync(now)
+            if clocks:
+                sync(now)
         else:
             now = t_compute
             sync(now)
