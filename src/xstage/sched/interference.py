@@ -69,16 +69,20 @@ def busy_link_work(shape: str, tokens: int, storing_ctas: int, costs: TaskCosts,
                       queue=queue)
 
 
-def predict_slowdown(row: dict, store_path: PathParams, term: Interference, costs: TaskCosts,
-                     num_sms: int) -> float:
-    """Predicted time of the MoE kernel beside the storers over its measured time alone, for one busy-link
-    row. The tiles were traced with every SM computing; on fewer CTAs each tile gets more of HBM, so the
-    kernel's tasks are first scaled to reproduce its measured time alone on those CTAs: what remains
-    to predict is the term's slowdown alone."""
+def scaled_busy_link_work(row: dict, store_path: PathParams, costs: TaskCosts, num_sms: int) -> KernelWork:
+    """`busy_link_work` of one busy-link row, its MoE tasks scaled to reproduce the kernel's measured
+    time alone on its CTAs: the tiles were traced with every SM computing, and on fewer CTAs each tile
+    gets more of HBM. What remains to predict is the term's slowdown alone."""
     shape, tokens, k = str(row["shape"]), int(row["tokens"]), int(row["storing_ctas"])
     alone = simulate_kernel(busy_link_work(shape, tokens, k, costs, num_sms, busy=False), {"store": store_path})
-    scale = float(row["idle_ns"]) / alone.time_ns
-    busy = busy_link_work(shape, tokens, k, costs, num_sms, scale=scale)
+    return busy_link_work(shape, tokens, k, costs, num_sms, scale=float(row["idle_ns"]) / alone.time_ns)
+
+
+def predict_slowdown(row: dict, store_path: PathParams, term: Interference, costs: TaskCosts,
+                     num_sms: int, work: KernelWork | None = None) -> float:
+    """Predicted time of the MoE kernel beside the storers over its measured time alone, for one busy-link
+    row (`work`: its `scaled_busy_link_work`, built here when not given)."""
+    busy = work if work is not None else scaled_busy_link_work(row, store_path, costs, num_sms)
     res = simulate_kernel(busy, {"store": store_path}, interference={"store": term})
     return max(res.task_end_ns[t.name] for t in busy.queue) / float(row["idle_ns"])
 
@@ -97,9 +101,11 @@ def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], 
         return Interference(per_storer, onset, store_path.c_sm,
                             provenance=dict(provenance or {}, onset_storers=[k_lo, k_hi]))
 
+    works = [scaled_busy_link_work(r, store_path, costs, num_sms) for r in busy_rows]  # per_storer-free
+
     def loss(per_storer: float) -> float:
-        return sum(math.log(predict_slowdown(r, store_path, term(per_storer), costs, num_sms) / _measured(r)) ** 2
-                   for r in fit_rows)
+        return sum(math.log(predict_slowdown(r, store_path, term(per_storer), costs, num_sms, w) / _measured(r)) ** 2
+                   for r, w in zip(busy_rows, works) if r["shape"] in shapes)
 
     lo, hi = 0.0, 2.0  # golden-section search: the slowdown grows monotonically with per_storer
     g = (math.sqrt(5) - 1) / 2
@@ -116,8 +122,8 @@ def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], 
             fb = loss(b)
     best = term(round((lo + hi) / 2, 4))
     out = []
-    for r in busy_rows:
-        pred = predict_slowdown(r, store_path, best, costs, num_sms)
+    for r, w in zip(busy_rows, works):
+        pred = predict_slowdown(r, store_path, best, costs, num_sms, w)
         out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "storing_ctas": int(r["storing_ctas"]),
                     "measured": round(_measured(r), 3), "predicted": round(pred, 3),
                     "rel_err": round(pred / _measured(r) - 1, 4),
