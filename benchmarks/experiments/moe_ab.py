@@ -36,6 +36,7 @@ import numpy as np
 from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.model.interference import Interference, load_default_interference
+from xstage.moe.pacing import resolve_pacing
 from xstage.moe.variant import Variant
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
@@ -78,7 +79,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--update", help="write the fitted unpaced_bias into this interference JSON")
     ap.add_argument("--predictions", help="reuse the predictions.csv of an earlier run at the same commit "
-                    "instead of simulating")
+                    "instead of simulating (its times are rounded to 0.1 ns, so near-ties may rank differently)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -114,10 +115,12 @@ def main() -> None:
     bias = {label: bias_of(label) for label in ("with_term", "without_term")}
     terms = {label: Interference(0.0, 0.0, 0.0, unpaced_bias=bias[label]) for label in bias}
 
+    paced = resolve_pacing("default", "host", 2)  # what rows without `@` ran with
+
     def planner(c, label: str, use_bias: bool = True):
         def key(v: str) -> float:
-            off = None if v.endswith("@off") else "paced"
-            return rank_ns(preds[(*c, v, label)], off, terms[label] if use_bias else None)
+            pacing = None if v.endswith("@off") else paced
+            return rank_ns(preds[(*c, v, label)], pacing, terms[label] if use_bias else None)
         return min(variants, key=key)
 
     constant = min(variants, key=lambda v: geomean([t(a, c, v) / min(t(a, c, w) for w in variants) for c in configs]))
