@@ -7,8 +7,9 @@
 #   usage: XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/attention_gpu.sh \
 #            [core|tests|grid|calibration|trace|tma]...   (default: core tests grid)
 #   GRID_PATH=hbm puts the other ranks' buffers in device memory; GRID_EXCHANGE=X1,X2 names the
-#   variants (default: every one of `xstage bench ulysses`); `calibration` runs the planner's
-#   calibration grid into $OUT/calibration.
+#   variants (default: every one of `xstage bench ulysses`); GRID_TURNS=N: the variants take turns in
+#   N blocks of replays (default 2); `calibration` runs the planner's calibration grid into
+#   $OUT/calibration, and a later `grid` step fits the planner behind `auto` on it.
 set -uo pipefail
 if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
   echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
@@ -44,13 +45,15 @@ for step in "${steps[@]}"; do
       # the fastest configuration per head dim from the core step, when it ran
       for csv in "$RES/core.csv" ${TUNED_FROM:-}; do if [ -f "$csv" ]; then only+=(--tuned-from "$csv"); fi; done
       [ -n "${GRID_EXCHANGE:-}" ] && only+=(--exchange "$GRID_EXCHANGE")
+      [ -f "$OUT/calibration/ulysses.csv" ] && only+=(--calibration "$OUT/calibration/ulysses.csv")
       timeout "${GRID_TIMEOUT:-$((GRID_SECONDS + 120))}" python3 -m xstage bench ulysses -o "$RES" --path "${GRID_PATH:-host}" \
-        --warmup "${GRID_WARMUP:-1}" --rep "${GRID_REP:-6}" --budget-s "$GRID_SECONDS" "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
+        --warmup "${GRID_WARMUP:-1}" --rep "${GRID_REP:-6}" --turns "${GRID_TURNS:-2}" --budget-s "$GRID_SECONDS" \
+        "${only[@]}" 2>&1 | tail -n 80 | tee "$OUT/grid.log" ;;
     calibration)
       cal=()
       [ -n "${CAL_EXCHANGE:-}" ] && cal+=(--exchange "$CAL_EXCHANGE")
       timeout "${CAL_TIMEOUT:-240}" python3 -m xstage bench ulysses --grid calibration -o "$OUT/calibration" \
-        --path "${GRID_PATH:-host}" --warmup 2 --rep 10 "${cal[@]}" 2>&1 | tail -n 40 | tee "$OUT/calibration.log" ;;
+        --path "${GRID_PATH:-host}" --warmup "${GRID_WARMUP:-2}" --rep 10 --turns "${GRID_TURNS:-2}" "${cal[@]}" 2>&1 | tail -n 40 | tee "$OUT/calibration.log" ;;
     trace)
       timeout "${TRACE_TIMEOUT:-240}" python3 benchmarks/experiments/ulysses_trace.py --out "$OUT/trace" \
         2>&1 | tail -n 60 | tee "$OUT/trace.log" ;;

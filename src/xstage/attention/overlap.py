@@ -1,12 +1,19 @@
 """The `overlap` and `serial` exchanges: attention by any core, the rows moved by the copy engine.
 
 `overlap` cuts the gathered sequence into blocks of query rows and runs attention block by block.
-When a block is done its completion flag is raised (a CUDA event on the compute stream) and a
-second stream waits for that flag and has the copy engine send the block's rows to the ranks that
-own them, while the SMs compute the next block: no SM spends a cycle on stores, and the attention
-core can be the Triton kernel or cuDNN. The blocks run in a rotated order, the rows of the ranks
-after this one first and this rank's own rows last, so that the last remote copy hides behind the
-own rows' compute (which needs no copy).
+When a block is done its completion flag is raised (a CUDA event on the stream that computed it)
+and a copy stream waits for that flag and has the copy engine send the block's rows to the ranks
+that own them, while the SMs compute the next block: no SM spends a cycle on stores, and the
+attention core can be the Triton kernel or cuDNN. The blocks run in a rotated order, the rows of
+the ranks after this one first and this rank's own rows last, so that the last remote copy hides
+behind the own rows' compute (which needs no copy).
+
+The blocks' launches alternate between two compute streams. One launch after another on a single
+stream would leave the SMs idle at each block's last, partial wave of tiles (at 32760 tokens, three
+heads, four blocks: seven waves of work where one launch needs six). On two streams the next block's
+tiles take the SMs that the previous block's tail frees, and the hardware still dispatches a block's
+tiles before the next one's, so the blocks finish in order. At most two blocks are in flight: block
+i + 2 queues behind block i on its stream.
 
 Where rows go: rank p keeps, for every source s, a contiguous region `[S_p, B, h_s, D]` of its
 staging buffer at element offset `B * S_p * head0[s] * D` (the layout an all-to-all delivers), so
@@ -28,7 +35,7 @@ from xstage.attention.flash import FlashConfig, flash_attention
 from xstage.attention.layout import UlyssesPlan
 from xstage.errors import InputError
 
-_COPY_STREAMS: dict = {}
+_STREAMS: dict = {}
 
 
 def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tuple[int, int]]]:
@@ -126,10 +133,11 @@ def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor
         out[:, :, plan.head0[s]:plan.head0[s + 1]].copy_(region.transpose(0, 1))
 
 
-def _copy_stream(device: torch.device):
-    if device not in _COPY_STREAMS:
-        _COPY_STREAMS[device] = torch.cuda.Stream(device)
-    return _COPY_STREAMS[device]
+def _side_streams(device: torch.device):
+    """(copy stream, second compute stream) of `device`, made once and kept."""
+    if device not in _STREAMS:
+        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+    return _STREAMS[device]
 
 
 def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
@@ -143,28 +151,36 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
     cfg = config
     blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), cfg.block_m if cfg else 128)
-    compute = torch.cuda.current_stream(og.device) if og.is_cuda else None
-    copier = _copy_stream(og.device) if og.is_cuda else None
-    if copier is not None:
-        copier.wait_stream(compute)  # the copies may not start before the inputs of this call exist
     a, b = plan.tok0[plan.rank], plan.tok0[plan.rank + 1]
-    for i, ranges in enumerate(blocks):
-        for lo, hi in ranges:
-            attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
-        if copier is None:
+    if not og.is_cuda:
+        for i, ranges in enumerate(blocks):
+            for lo, hi in ranges:
+                attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
-            continue
+        if b > a:
+            own_out.copy_(og[:, a:b])
+        return
+    main = torch.cuda.current_stream(og.device)
+    copier, second = _side_streams(og.device)
+    for s in (copier, second):
+        s.wait_stream(main)  # nothing may start before the inputs of this call exist
+    lanes = (main, second)
+    for i, ranges in enumerate(blocks):
+        lane = lanes[i % 2]
+        with torch.cuda.stream(lane):
+            for lo, hi in ranges:
+                attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
         flag = torch.cuda.Event()
-        flag.record(compute)
+        flag.record(lane)
         copier.wait_event(flag)
         with torch.cuda.stream(copier):
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
+    main.wait_stream(second)
     if b > a:
         own_out.copy_(og[:, a:b])
-    if copier is not None:
-        compute.wait_stream(copier)
+    main.wait_stream(copier)
 
 
 def run_serial_copies(plan: UlyssesPlan, og: torch.Tensor, own_out: torch.Tensor, stage_peers) -> None:

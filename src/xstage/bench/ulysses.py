@@ -14,9 +14,8 @@ Variants per configuration (`--exchange`, default `VARIANTS`), all on rank 0's s
   counter wait for every destination returns;
 - `auto`: what the planner picks for the configuration (the `exchange` column names it).
 Every variant is captured in a CUDA graph (no host launch overhead) and timed as its replays; the
-variants take turns in two blocks of replays each (`time_in_turns`). Each row has the median, p10
-and p90 (ns), the TFLOP/s of
-the attention work and the largest error of what the destinations received against the Triton
+variants take turns in blocks of replays (`--turns`, `time_in_turns`). Each row has the median, p10
+and p90 (ns), the TFLOP/s of the attention work and the largest error of what the destinations received against the Triton
 kernel's output, relative to its largest value (`max_err`).
 
 Example:
@@ -66,8 +65,8 @@ GRID_WORLDS = (2, 4, 8)
 CALIBRATION_SHAPES = ((16, 128), (32, 64))
 CALIBRATION_TOKENS = (6144, 24576, 57344)
 CORES = ("attention:triton", "attention:cudnn")
-VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "stores:paced",
-                    "stores:burst", "auto")
+VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4",
+                    "overlap:triton:4", "stores:paced", "stores:burst", "auto")
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
                          "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",
@@ -128,9 +127,10 @@ def check_variants(variants) -> list[str]:
 
 
 def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None,
-                   variants=VARIANTS, graphs: bool = True) -> list[dict]:
+                   variants=VARIANTS, graphs: bool = True, turns: int = 2) -> list[dict]:
     """Rows for every variant of one configuration (rank `rank` of a loopback group of P); `graphs`:
-    time CUDA-graph replays (a variant that cannot be captured is timed eagerly, `timed` says so)."""
+    time CUDA-graph replays (a variant that cannot be captured is timed eagerly, `timed` says so);
+    `turns`: the variants take turns in this many blocks of replays (`time_in_turns`)."""
     H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
     dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.bfloat16
@@ -212,7 +212,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
         fns[name] = fn
         timed[name] = "graph" if graphs else "eager"
     makers = {name: (lambda fn=fn: graphed(fn)) if graphs else (lambda fn=fn: fn) for name, fn in fns.items()}
-    timings = time_in_turns(makers, warmup=warmup, rep=rep, turns=2)
+    timings = time_in_turns(makers, warmup=warmup, rep=rep, turns=turns)
     ctx.check()
     rows = []
     for name in variants:
@@ -244,7 +244,7 @@ def tuned_configs(*core_csvs) -> dict:
 
 
 def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None,
-             variants=VARIANTS, grid="main", graphs=True) -> Path:
+             variants=VARIANTS, grid="main", graphs=True, turns=2) -> Path:
     """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
     `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim;
     `grid`: "main" (the 54 configurations) or "calibration" (the planner's calibration shapes)."""
@@ -262,7 +262,7 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
             break
         fc = flash_cfg.get(cfg["dim"]) if isinstance(flash_cfg, dict) else flash_cfg
         rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, variants=variants,
-                              graphs=graphs)
+                              graphs=graphs, turns=turns)
         for row in rows:
             if not writer.done(row):
                 writer.write(row)
@@ -409,7 +409,7 @@ def write_report(out_dir) -> Path:
         cols = list(dict.fromkeys(c for t in table for c in t))
         lines += ["Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
                   "batch 1. Medians of CUDA-graph replays (`timed` column: graph, or eager calls), the variants "
-                  "taking turns in two blocks; every exchange is timed "
+                  "taking turns in blocks of replays; every exchange is timed "
                   "until every destination holds its rows. `best serial` is the faster of `serial:triton` and "
                   "`serial:cudnn`, `attention` the faster core alone, both from the same run. `auto runs`: "
                   "the exchange the planner picked. `ok`: every destination received the attention output "
@@ -450,8 +450,20 @@ def _variant_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _turns(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return n
+
+
 def _handler(args) -> int:
     check_output_dir(args.out)
+    if args.turns > args.rep:
+        raise InputError(f"--turns {args.turns}: at most --rep ({args.rep}) blocks of replays")
 
     fc = None
     if args.block_m:
@@ -477,7 +489,7 @@ def _handler(args) -> int:
             register_chooser(chooser(costs))
         run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                  max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
-                 graphs=not args.eager)
+                 graphs=not args.eager, turns=args.turns)
     summary = write_report(args.out)
 
     emit({"summary": str(summary)}, args.json, summary.read_text())
@@ -500,6 +512,9 @@ def register_bench(grids) -> None:
     p.add_argument("--calibration", metavar="CSV", help="ulysses.csv of a `--grid calibration` run: the planner "
                    "behind `auto` is fitted on it (default: the embedded calibration)")
     p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
+    p.add_argument("--turns", type=_turns, default=2, help="the variants take turns in this many blocks of the "
+                   "--rep replays, so that a drift of the GPU's clocks over a configuration touches every "
+                   "variant alike (1 to --rep; default %(default)s)")
     p.add_argument("--grid", dest="grid_set", choices=("main", "calibration"), default="main",
                    help="main: the 54 configurations; calibration: the planner's calibration shapes "
                    "(default %(default)s)")

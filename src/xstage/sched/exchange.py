@@ -11,8 +11,10 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
 - a copy-engine send of n bytes to the path: `x0 + n / rate` (after the Triton core; the cuDNN
   core adds a `[B, h, S, D]` -> sequence-major copy, fitted in its own pair);
 - `serial`: attention, then one send of every remote row;
-- `overlap`: the blocks of `overlap_blocks`; block i computes after block i-1, its send starts when
-  both block i and send i-1 are done; the time is the later of the last compute and the last send;
+- `overlap`: the blocks of `overlap_blocks`, launched on two alternating streams so that their tiles
+  flow as one launch's would: block i is done when attention on the rows of blocks 0..i would be;
+  its send starts when both block i and send i-1 are done; the time is the later of the last
+  compute and the last send;
 - `stores`: the Triton kernel with the exchange in its epilogue. Its key loop runs slower than
   attention alone even on a link-free path (register pressure of the send code; see
   `benchmarks/results/h200-ulysses-trace/`): a factor `1 + s` per head dim and pacing; the link
@@ -46,8 +48,8 @@ from xstage.errors import InputError
 from xstage.results.io import read_rows
 
 BLOCK_M = 128
-CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "stores:paced",
-              "stores:burst")
+CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:triton:4",
+              "stores:paced", "stores:burst")
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 
 
@@ -124,10 +126,12 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
         return Prediction(str(ex), alone + costs.copy_ns(core, remote), alone)
     if ex.mechanism == "overlap":
         t_comp = t_copy = 0.0
+        rows_done = 0
         blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
         own = (plan.tok0[0], plan.tok0[1])
         for ranges in blocks:
-            t_comp += sum(costs.attention_ns(core, hi - lo, h, tokens, dim) for lo, hi in ranges)
+            rows_done += sum(hi - lo for lo, hi in ranges)
+            t_comp = costs.attention_ns(core, rows_done, h, tokens, dim)
             sent = sum(max(0, hi - lo) - max(0, min(hi, own[1]) - max(lo, own[0])) for lo, hi in ranges)
             if sent:
                 t_copy = max(t_comp, t_copy) + costs.copy_ns(core, sent * row_bytes)
@@ -178,18 +182,21 @@ def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibra
                 pts.append((rounds * 4.0 * BLOCK_M * T * D, num(row, "time_ns")))
             if len(pts) < 2:
                 continue
-            a, b = _line([p[0] for p in pts], [p[1] for p in pts])
+            # relative residuals: the short configurations weigh as much as the long ones
+            a, b = _line([p[0] for p in pts], [p[1] for p in pts], scale=[p[1] for p in pts])
             attention[(core, dim)] = (a, b)
             quality[f"attention:{core}@{dim}"] = _rel_err([a + b * x for x, _ in pts], [y for _, y in pts])
     copy = {}
     for core, serial in (("triton", str(parse_exchange("serial:triton"))), ("cudnn", "serial:cudnn")):
-        xs, ys = [], []
+        xs, ys, att = [], [], []
         for v in by_cfg.values():
             if serial in v and f"attention:{core}" in v:
                 xs.append(num(v[serial], "remote_bytes"))
-                ys.append(num(v[serial], "time_ns") - num(v[f"attention:{core}"], "time_ns"))
+                att.append(num(v[f"attention:{core}"], "time_ns"))
+                ys.append(num(v[serial], "time_ns") - att[-1])
         if len(xs) >= 2:
-            x0, per_byte = _line(xs, ys)
+            # residuals relative to attention alone, the measure the overhead predictions are judged by
+            x0, per_byte = _line(xs, ys, scale=att)
             copy[core] = (max(0.0, x0), 1.0 / per_byte if per_byte > 0 else float("inf"))
     stores = {}
     for burst, name in ((False, "stores:paced"), (True, "stores:burst")):
@@ -207,9 +214,11 @@ def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibra
     return ExchangeCosts(attention, copy, stores, drain, grid, source, quality)
 
 
-def _line(xs, ys) -> tuple[float, float]:
-    A = np.vstack([np.ones(len(xs)), np.asarray(xs, float)]).T
-    (a, b), *_ = np.linalg.lstsq(A, np.asarray(ys, float), rcond=None)
+def _line(xs, ys, scale=None) -> tuple[float, float]:
+    """(a, b) of the least-squares line y = a + b x; with `scale`, of the residuals divided by it."""
+    w = 1.0 / np.asarray(scale, float) if scale is not None else np.ones(len(xs))
+    A = np.vstack([np.ones(len(xs)), np.asarray(xs, float)]).T * w[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, np.asarray(ys, float) * w, rcond=None)
     return float(a), float(b)
 
 
