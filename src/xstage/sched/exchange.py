@@ -11,10 +11,12 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
 - a copy-engine send of n bytes to the path: `x0 + n / rate` (after the Triton core; the cuDNN
   core adds a `[B, h, S, D]` -> sequence-major copy, fitted in its own pair);
 - `serial`: attention, then one send of every remote row;
-- `overlap`: the blocks of `overlap_blocks`, launched on two alternating streams so that their tiles
-  flow as one launch's would: block i is done when attention on the rows of blocks 0..i would be;
-  its send starts when both block i and send i-1 are done; the time is the later of the last
-  compute and the last send;
+- `overlap`: the blocks of `overlap_blocks`, launched at once on streams of falling priority so that
+  their tiles flow as one launch's would: block i is done when attention on the rows of blocks 0..i
+  would be; its sends (one per destination its rows reach) start when both block i and the sends
+  before are done, each `y0 + n / overlap_rate`; the time is the later of the last compute and the
+  last send. `y0` and `overlap_rate` are fitted on the calibration's `overlap` rows (per core; the
+  serial copy costs stand in without them): a copy beside running attention is not the serial copy;
 - `stores`: the Triton kernel with the exchange in its epilogue. Its key loop runs slower than
   attention alone even on a link-free path (register pressure of the send code; see
   `benchmarks/results/h200-ulysses-trace/`): a factor `1 + s` per head dim and pacing; the link
@@ -41,7 +43,7 @@ from importlib import resources
 
 import numpy as np
 
-from xstage.attention.exchange import Exchange, parse_exchange
+from xstage.attention.exchange import CORES, Exchange, parse_exchange
 from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.overlap import default_blocks, overlap_blocks
 from xstage.errors import InputError
@@ -75,6 +77,7 @@ class ExchangeCosts:
     grid: int = 132
     source: str = ""
     quality: dict = field(default_factory=dict)
+    overlap: dict[str, tuple[float, float]] = field(default_factory=dict)  # core -> (y0_ns per send, bytes/s)
 
     def attention_ns(self, core: str, rows: int, heads: int, tokens: int, dim: int) -> float:
         a, b = self._att(core, dim)
@@ -96,6 +99,11 @@ class ExchangeCosts:
     def copy_ns(self, core: str, nbytes: float) -> float:
         x0, rate = self.copy[core]
         return x0 + nbytes / rate if nbytes > 0 else 0.0
+
+    def overlap_send_ns(self, core: str, nbytes: float) -> float:
+        """One send of an `overlap` block to one destination (the serial copy's costs without a fit)."""
+        y0, rate = self.overlap.get(core) or self.copy[core]
+        return y0 + nbytes / rate if nbytes > 0 else 0.0
 
 
 def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
@@ -125,17 +133,7 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
     if ex.mechanism == "serial":
         return Prediction(str(ex), alone + costs.copy_ns(core, remote), alone)
     if ex.mechanism == "overlap":
-        t_comp = t_copy = 0.0
-        rows_done = 0
-        blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
-        own = (plan.tok0[0], plan.tok0[1])
-        for ranges in blocks:
-            rows_done += sum(hi - lo for lo, hi in ranges)
-            t_comp = costs.attention_ns(core, rows_done, h, tokens, dim)
-            sent = sum(max(0, hi - lo) - max(0, min(hi, own[1]) - max(lo, own[0])) for lo, hi in ranges)
-            if sent:
-                t_copy = max(t_comp, t_copy) + costs.copy_ns(core, sent * row_bytes)
-        return Prediction(str(ex), max(t_comp, t_copy), alone)
+        return Prediction(str(ex), _overlap_ns(plan, ex, core, tokens, dim, row_bytes, costs), alone)
     s = costs.stores.get((ex.burst, dim))
     if s is None:
         near = min((d for b, d in costs.stores if b == ex.burst), key=lambda d: abs(math.log2(d / dim)))
@@ -144,6 +142,34 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
     rounds = max(1, math.ceil(h * math.ceil(tokens / BLOCK_M) / costs.grid))
     tail = remote / rounds / costs.drain  # the last round's rows drain after the kernel
     return Prediction(str(ex), max(kernel, remote / costs.drain) + tail, alone)
+
+
+def _overlap_steps(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
+                   costs: ExchangeCosts) -> list[tuple[float, list[int]]]:
+    """(compute done, bytes of each send) per `overlap` block, in order (see the module docstring)."""
+    h = plan.heads_of(plan.rank)
+    steps, rows_done = [], 0
+    for ranges in overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M):
+        rows_done += sum(hi - lo for lo, hi in ranges)
+        sends = [n * row_bytes for lo, hi in ranges for p in range(plan.world)
+                 if p != plan.rank and (n := min(hi, plan.tok0[p + 1]) - max(lo, plan.tok0[p])) > 0]
+        steps.append((costs.attention_ns(core, rows_done, h, tokens, dim), sends))
+    return steps
+
+
+def _overlap_time(steps, y0: float, rate: float) -> float:
+    """The later of the last block's compute and the last send, each send `y0 + n / rate` (ns, B/ns)."""
+    t_copy = 0.0
+    for t_comp, sends in steps:
+        for n in sends:
+            t_copy = max(t_comp, t_copy) + y0 + n / rate
+    return max(steps[-1][0], t_copy) if steps else 0.0
+
+
+def _overlap_ns(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
+                costs: ExchangeCosts) -> float:
+    y0, rate = costs.overlap.get(core) or costs.copy[core]
+    return _overlap_time(_overlap_steps(plan, ex, core, tokens, dim, row_bytes, costs), y0, rate)
 
 
 def plan_exchange(heads: int, dim: int, tokens: int, ranks: int, costs: ExchangeCosts,
@@ -211,7 +237,40 @@ def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibra
     for need, what in ((attention, "attention"), (copy, "copy")):
         if not need:
             raise InputError(f"{source}: too few rows to fit the {what} costs")
-    return ExchangeCosts(attention, copy, stores, drain, grid, source, quality)
+    costs = ExchangeCosts(attention, copy, stores, drain, grid, source, quality)
+    for core in CORES:
+        fit = _fit_overlap(by_cfg, core, costs)
+        if fit is not None:
+            costs.overlap[core], quality[f"overlap:{core}"] = fit
+    return costs
+
+
+def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
+    """((y0 ns, rate B/ns), median error) of one `overlap` send, searched on a grid of both for the
+    least median |predicted - measured overhead| / measured attention alone over the `overlap:core*`
+    rows (the measure the predictions are judged by; the max() of the model defeats least squares).
+    None with fewer than 3 such rows."""
+    cases = []
+    for (H, D, T, P), v in by_cfg.items():
+        alone = v.get(f"attention:{core}")
+        for name, row in v.items():
+            if alone is None or not name.startswith("overlap") or parse_exchange(name).core != core:
+                continue
+            plan = _rank0(H, D, T, P)
+            att = float(alone["time_ns"])
+            steps = _overlap_steps(plan, parse_exchange(name), core, T, D, plan.heads_of(0) * D * 2, costs)
+            pred_alone = costs.attention_ns(core, T, plan.heads_of(0), T, D)
+            cases.append((steps, pred_alone, float(row["time_ns"]) - att, att))
+    if len(cases) < 3:
+        return None
+    best = None
+    for y0 in np.linspace(0.0, 60e3, 31):
+        for rate in np.linspace(10.0, 80.0, 36):
+            err = float(np.median([abs(_overlap_time(st, y0, rate) - pa - over) / att
+                                   for st, pa, over, att in cases]))
+            if best is None or err < best[1]:
+                best = ((float(y0), float(rate)), err)
+    return best
 
 
 def _line(xs, ys, scale=None) -> tuple[float, float]:
