@@ -15,8 +15,8 @@ Variants per configuration (`--exchange`, default `VARIANTS`), all on rank 0's s
 - `auto`: what the planner picks for the configuration (the `exchange` column names it).
 Every variant is captured in a CUDA graph (no host launch overhead) and timed as its replays; the
 variants take turns in blocks of replays (`--turns`, `time_in_turns`). Each row has the median, p10
-and p90 (ns), the TFLOP/s of the attention work and the largest error of what the destinations received against the Triton
-kernel's output, relative to its largest value (`max_err`).
+and p90 (ns), the TFLOP/s of the attention work and the largest error of what the destinations
+received against the Triton kernel's output, relative to its largest value (`max_err`).
 
 Example:
     xstage bench ulysses -o benchmarks/results/h200-ulysses-exchange --only P=2 --only tokens=4608

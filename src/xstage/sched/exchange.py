@@ -50,8 +50,8 @@ from xstage.errors import InputError
 from xstage.results.io import read_rows
 
 BLOCK_M = 128
-CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:triton:4",
-              "stores:paced", "stores:burst")
+CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4",
+              "overlap:triton:4", "stores:paced", "stores:burst")
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 
 
