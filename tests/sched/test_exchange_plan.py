@@ -1,5 +1,6 @@
 """The Ulysses exchange planner: cost fit, predictions of every mechanism, `auto`, validation."""
 
+import dataclasses
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from xstage.sched.exchange import (
     fit_exchange_costs,
     plan_exchange,
     predict,
+    two_lane_done,
     validate_exchange,
 )
 
@@ -24,8 +26,8 @@ TRUE = ExchangeCosts(attention={("triton", 64): (20e3, 2e-4), ("cudnn", 64): (10
                      stores={(False, 64): 0.05, (True, 64): 0.10}, drain=50e9, grid=16)
 
 
-def _rows(costs: ExchangeCosts) -> list[dict]:
-    """A calibration grid whose times follow `costs` exactly."""
+def _rows(costs: ExchangeCosts, overlaps=()) -> list[dict]:
+    """A calibration grid whose times follow `costs` exactly (with rows of the `overlaps` exchanges)."""
     rows = []
     for tokens in (2048, 4096, 16384):
         for P in (2, 4):
@@ -39,7 +41,7 @@ def _rows(costs: ExchangeCosts) -> list[dict]:
                 rows.append({**base, "variant": f"attention:{core}", "time_ns": alone})
                 serial = "serial" if core == "triton" else "serial:cudnn"
                 rows.append({**base, "variant": serial, "time_ns": alone + costs.copy_ns(core, remote)})
-            for name in ("stores:paced", "stores:burst"):
+            for name in ("stores:paced", "stores:burst", *overlaps):
                 rows.append({**base, "variant": name, "time_ns": predict(name, H, D, tokens, P, costs).time_ns})
     return rows
 
@@ -54,6 +56,21 @@ def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
         fit_exchange_costs([], drain=1e9)
 
 
+def test_the_overlap_sends_are_fitted_on_the_overlap_rows():
+    # sends beside running attention: their own latency and rate (B/ns), not the serial copy's
+    true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 20.0)}, overlap={"cudnn": (6e3, 40.0)})
+    rows = _rows(true, overlaps=("overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4"))
+    got = fit_exchange_costs(rows, drain=true.drain)
+    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0))
+    assert "triton" not in got.overlap  # no overlap:triton rows: the serial copy's costs stand in
+    assert got.quality["overlap:cudnn"] == pytest.approx(0.0, abs=1e-9)
+    # without the fit the serial copy's costs predict other times where a send shows
+    plain = dataclasses.replace(got, overlap={})
+    assert any(predict(r["variant"], 8, 64, r["tokens"], r["P"], got).time_ns
+               != pytest.approx(predict(r["variant"], 8, 64, r["tokens"], r["P"], plain).time_ns)
+               for r in rows if r["variant"].startswith("overlap"))
+
+
 def test_predictions_follow_the_model():
     H, D, T, P = 8, 64, 16384, 4
     plan = UlyssesPlan(P, 0, 1, split_sizes(T, P), H, D)
@@ -62,20 +79,25 @@ def test_predictions_follow_the_model():
     serial = predict("serial:cudnn", H, D, T, P, TRUE)
     alone = TRUE.attention_ns("cudnn", T, h, T, D)
     assert serial.attention_ns == alone and serial.time_ns == pytest.approx(alone + TRUE.copy_ns("cudnn", remote))
-    # overlap: the blocks' tiles flow as one launch's (two lanes), so the compute is attention alone;
-    # the remote block's copy starts when its rows are done and may outlast the own block
+    # overlap (two lanes): the remote and own blocks run side by side and end together when they are
+    # as large (P = 2 would); here the remote block is 3/4 of the rows, so it ends after the own one
     ov = predict("overlap:cudnn", H, D, T, P, TRUE)
-    assert ov.time_ns == pytest.approx(max(alone, TRUE.attention_ns("cudnn", T - plan.seq_lens[0], h, T, D)
-                                           + TRUE.copy_ns("cudnn", remote)))
-    # more blocks: each copy waits for its block and for the copy before it
-    ov4 = predict("overlap:cudnn:4", H, D, T, P, TRUE)
     rows = T - plan.seq_lens[0]
-    cuts = [rows * i // 3 // 128 * 128 for i in range(4)]
-    cuts[-1] = rows
+    t_remote = two_lane_done([alone * rows / T, alone * plan.seq_lens[0] / T])[0]
+    assert t_remote == pytest.approx(alone)
+    # then one send per destination (without an overlap fit, the serial copy's costs stand in)
+    assert ov.time_ns == pytest.approx(alone + 3 * TRUE.copy_ns("cudnn", remote / 3))
+    # three blocks: two remote halves side by side, then the own block; each copy waits for its block
+    # and for the copy before it (every block's rows go to one destination or two)
+    ov3 = predict("overlap:cudnn:3", H, D, T, P, TRUE)
+    w = [alone * 6144 / T, alone * 6144 / T, alone * 4096 / T]
+    done = two_lane_done(w)
+    assert done == pytest.approx([2 * w[0], 2 * w[0], 2 * w[0] + w[2]])
     t_copy = 0.0
-    for lo, hi in zip(cuts, cuts[1:]):
-        t_copy = max(TRUE.attention_ns("cudnn", hi, h, T, D), t_copy) + TRUE.copy_ns("cudnn", (hi - lo) * h * D * 2)
-    assert ov4.time_ns == pytest.approx(max(alone, t_copy))
+    for t_done, dests in zip(done[:2], ([4096, 2048], [2048, 4096])):
+        for n in dests:
+            t_copy = max(t_done, t_copy) + TRUE.copy_ns("cudnn", n * h * D * 2)
+    assert ov3.time_ns == pytest.approx(max(done[-1], t_copy))
     # stores: the slower key loop, and never faster than the link carries the remote bytes
     st = predict("stores:paced", H, D, T, P, TRUE)
     assert st.time_ns >= TRUE.attention_ns("triton", T, h, T, D) * 1.05 and st.time_ns >= remote / TRUE.drain * 1e9

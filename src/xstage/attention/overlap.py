@@ -8,14 +8,17 @@ attention core can be the Triton kernel or cuDNN. The blocks run in a rotated or
 the ranks after this one first and this rank's own rows last, so that the last remote copy hides
 behind the own rows' compute (which needs no copy).
 
-The blocks launch at once, each on its own compute stream, the earlier blocks on the streams of
-higher priority (torch offers four levels; blocks past the fourth queue on the lowest). When an SM
-frees up, the hardware gives it a tile of the highest-priority block still waiting, so the blocks
-finish in order, and the next block's tiles take the SMs that the previous block's last, partial
-wave leaves idle. One launch after another on a single stream would leave those SMs idle at every
-block's end (at 32760 tokens, three heads, four blocks: seven waves of work where one launch needs
-six); two streams of equal priority share the SMs between two blocks, and the first block's copy
-starts late (measured on one H200, `benchmarks/results/h200-ulysses-overlap/`).
+The blocks' launches alternate between two compute streams: block i + 2 queues behind block i, and
+two blocks at a time share the SMs, so the next block's tiles take the SMs that the previous block's
+last, partial wave leaves idle. Measured on one H200 (`benchmarks/results/h200-ulysses-overlap/`):
+- one stream, one launch after another, leaves those SMs idle at every block's end (at 32760 tokens,
+  three heads, four blocks: seven waves of work where one launch needs six);
+- every block on its own stream at once, earlier blocks at higher priority, was slower than two
+  streams with three or four cuDNN blocks in 17 and 15 of the 18 configurations of that check (up
+  to 1.40x at 4608 tokens; each time relative to attention alone of its own run);
+- two blocks on two streams run side by side, so the remote block ends late and its copy shows:
+  the planner models the two lanes' sharing (`xstage.sched.exchange`) and picks three or four
+  blocks where that matters.
 
 Where rows go: rank p keeps, for every source s, a contiguous region `[S_p, B, h_s, D]` of its
 staging buffer at element offset `B * S_p * head0[s] * D` (the layout an all-to-all delivers), so
@@ -38,7 +41,6 @@ from xstage.attention.layout import UlyssesPlan
 from xstage.errors import InputError
 
 _STREAMS: dict = {}
-LANES = 4  # torch's stream priority levels (c10 max_compile_time_stream_priorities)
 
 
 def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tuple[int, int]]]:
@@ -137,11 +139,9 @@ def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor
 
 
 def _side_streams(device: torch.device):
-    """(copy stream, compute lanes) of `device`, made once and kept: lane j has the j-th highest of
-    torch's stream priorities (-3, the highest it offers, to 0)."""
+    """(copy stream, second compute stream) of `device`, made once and kept."""
     if device not in _STREAMS:
-        _STREAMS[device] = (torch.cuda.Stream(device),
-                            tuple(torch.cuda.Stream(device, priority=-(LANES - 1 - j)) for j in range(LANES)))
+        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
     return _STREAMS[device]
 
 
@@ -167,11 +167,12 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
             own_out.copy_(og[:, a:b])
         return
     main = torch.cuda.current_stream(og.device)
-    copier, lanes = _side_streams(og.device)
-    for s in (copier, *lanes):
+    copier, second = _side_streams(og.device)
+    for s in (copier, second):
         s.wait_stream(main)  # nothing may start before the inputs of this call exist
+    lanes = (main, second)
     for i, ranges in enumerate(blocks):
-        lane = lanes[min(i, LANES - 1)]
+        lane = lanes[i % 2]
         with torch.cuda.stream(lane):
             for lo, hi in ranges:
                 attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
@@ -181,8 +182,7 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
         with torch.cuda.stream(copier):
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
-    for lane in lanes:
-        main.wait_stream(lane)
+    main.wait_stream(second)
     if b > a:
         own_out.copy_(og[:, a:b])
     main.wait_stream(copier)

@@ -66,7 +66,7 @@ CALIBRATION_SHAPES = ((16, 128), (32, 64))
 CALIBRATION_TOKENS = (6144, 24576, 57344)
 CORES = ("attention:triton", "attention:cudnn")
 VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4",
-                    "overlap:triton:4", "stores:paced", "stores:burst", "auto")
+                    "overlap:triton:4", "stores:paced", "auto")
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
                          "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",

@@ -11,12 +11,14 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
 - a copy-engine send of n bytes to the path: `x0 + n / rate` (after the Triton core; the cuDNN
   core adds a `[B, h, S, D]` -> sequence-major copy, fitted in its own pair);
 - `serial`: attention, then one send of every remote row;
-- `overlap`: the blocks of `overlap_blocks`, launched at once on streams of falling priority so that
-  their tiles flow as one launch's would: block i is done when attention on the rows of blocks 0..i
-  would be; its sends (one per destination its rows reach) start when both block i and the sends
-  before are done, each `y0 + n / overlap_rate`; the time is the later of the last compute and the
-  last send. `y0` and `overlap_rate` are fitted on the calibration's `overlap` rows (per core; the
-  serial copy costs stand in without them): a copy beside running attention is not the serial copy;
+- `overlap`: the blocks of `overlap_blocks` on two alternating streams (`xstage.attention.overlap`):
+  block i starts when block i - 2 is done, and the blocks running at one time share the SMs equally
+  (so two blocks side by side end late together, and a third starts into the second's tail); the
+  work of a block is attention alone's time times its share of the rows. Its sends (one per
+  destination its rows reach) start when both block i and the sends before are done, each
+  `y0 + n / overlap_rate`; the time is the later of the last compute and the last send. `y0` and
+  `overlap_rate` are fitted on the calibration's `overlap` rows (per core; the serial copy costs
+  stand in without them): a copy beside running attention is not the serial copy;
 - `stores`: the Triton kernel with the exchange in its epilogue. Its key loop runs slower than
   attention alone even on a link-free path (register pressure of the send code; see
   `benchmarks/results/h200-ulysses-trace/`): a factor `1 + s` per head dim and pacing; the link
@@ -50,8 +52,10 @@ from xstage.errors import InputError
 from xstage.results.io import read_rows
 
 BLOCK_M = 128
+# `stores:burst` is predicted (`plan ulysses --candidates`) but not ranked by default: it loses to
+# `stores:paced` wherever the link is busy, and the model's p90 error on it is the largest.
 CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4",
-              "overlap:triton:4", "stores:paced", "stores:burst")
+              "overlap:triton:4", "stores:paced")
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 
 
@@ -148,13 +152,42 @@ def _overlap_steps(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim:
                    costs: ExchangeCosts) -> list[tuple[float, list[int]]]:
     """(compute done, bytes of each send) per `overlap` block, in order (see the module docstring)."""
     h = plan.heads_of(plan.rank)
-    steps, rows_done = [], 0
-    for ranges in overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M):
-        rows_done += sum(hi - lo for lo, hi in ranges)
+    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
+    rows = [sum(hi - lo for lo, hi in ranges) for ranges in blocks]
+    alone = costs.attention_ns(core, tokens, h, tokens, dim)
+    done = two_lane_done([alone * r / max(1, sum(rows)) for r in rows])
+    steps = []
+    for t_done, ranges in zip(done, blocks):
         sends = [n * row_bytes for lo, hi in ranges for p in range(plan.world)
                  if p != plan.rank and (n := min(hi, plan.tok0[p + 1]) - max(lo, plan.tok0[p])) > 0]
-        steps.append((costs.attention_ns(core, rows_done, h, tokens, dim), sends))
+        steps.append((t_done, sends))
     return steps
+
+
+def two_lane_done(works: Sequence[float]) -> list[float]:
+    """When each block ends: block i on lane i % 2 starts when block i - 2 ends, and the blocks
+    running at one time share the machine equally (each runs at 1 / their count).
+
+    Example:
+        >>> two_lane_done([1.0, 1.0, 2.0])   # the first two side by side, the third alone after them
+        [2.0, 2.0, 4.0]
+    """
+    left = [float(w) for w in works]
+    done = [0.0] * len(left)
+    running = list(range(min(2, len(left))))
+    t = 0.0
+    while running:
+        share = len(running)
+        step = min(left[i] for i in running) * share
+        t += step
+        for i in running:
+            left[i] -= step / share
+        for i in [i for i in running if left[i] <= 1e-9 * max(1.0, t)]:
+            done[i] = t
+            running.remove(i)
+            if i + 2 < len(left):  # the next block on this lane
+                running.append(i + 2)
+    return done
 
 
 def _overlap_time(steps, y0: float, rate: float) -> float:
@@ -361,4 +394,5 @@ def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequenc
 
 
 __all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "check_predictable", "choose_exchange", "chooser",
-           "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "validate_exchange"]
+           "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "two_lane_done",
+           "validate_exchange"]
