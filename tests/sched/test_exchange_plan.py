@@ -57,11 +57,13 @@ def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
 
 
 def test_the_overlap_sends_are_fitted_on_the_overlap_rows():
-    # sends beside running attention: their own latency and rate (B/ns), not the serial copy's
-    true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 20.0)}, overlap={"cudnn": (6e3, 40.0)})
+    # sends beside running attention: their own latency and rate (B/ns), not the serial copy's; a
+    # launch cost per block, and the earlier of two blocks side by side gets 0.8 of the machine
+    true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 20.0)},
+                               overlap={"cudnn": (6e3, 40.0, 8e3, 0.8)})
     rows = _rows(true, overlaps=("overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4"))
     got = fit_exchange_costs(rows, drain=true.drain)
-    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0))
+    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0, 8e3, 0.8))
     assert "triton" not in got.overlap  # no overlap:triton rows: the serial copy's costs stand in
     assert got.quality["overlap:cudnn"] == pytest.approx(0.0, abs=1e-9)
     # without the fit the serial copy's costs predict other times where a send shows
