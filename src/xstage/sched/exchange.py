@@ -111,10 +111,9 @@ class ExchangeCosts:
         x0, rate = self.copy[core]
         return x0 + nbytes / rate if nbytes > 0 else 0.0
 
-    def overlap_send_ns(self, core: str, nbytes: float) -> float:
-        """One send of an `overlap` block to one destination (the serial copy's costs without a fit)."""
-        y0, rate = (self.overlap.get(core) or self.copy[core])[:2]
-        return y0 + nbytes / rate if nbytes > 0 else 0.0
+    def overlap_terms(self, core: str) -> tuple[float, float, float, float]:
+        """(y0, rate, z, f) of `overlap` with `core`; without a fit, the serial copy's costs, z = 0, f = 1/2."""
+        return self.overlap.get(core) or (*self.copy[core], 0.0, 0.5)
 
 
 def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
@@ -216,7 +215,7 @@ def _overlap_time(steps, y0, rate):
 
 def _overlap_ns(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
                 costs: ExchangeCosts) -> float:
-    y0, rate, z, share = costs.overlap.get(core) or (*costs.copy[core], 0.0, 0.5)
+    y0, rate, z, share = costs.overlap_terms(core)
     steps = _overlap_steps(plan, ex, core, tokens, dim, row_bytes, costs, z, share)
     return float(_overlap_time(steps, y0, rate))
 
