@@ -192,7 +192,8 @@ def test_module_and_bad_inputs(device):
         ulysses_attention(x, x, x, comm=ctx, mode="overlap")
     with pytest.raises(InputError, match="exchange, mode"):
         ulysses_attention(x, x, x, comm=ctx, mode="serial", exchange="serial")
-    for bad in ("fused", "stores:paced:3", "overlap:cudnn:1", "serial:flash", "tma:burst", 7):
+    for bad in ("fused", "stores:paced:3", "overlap:cudnn:1", "serial:flash", "tma:burst", 7, "overlap:cudnn:4:zig",
+                "overlap:cudnn:x:waves", "serial:cudnn:4", "overlap:cudnn:4:waves:1"):
         with pytest.raises(InputError, match="exchange"):
             ulysses_attention(x, x, x, comm=ctx, exchange=bad)
     with pytest.raises(InputError, match="heads H=2"):
@@ -207,6 +208,8 @@ def test_module_and_bad_inputs(device):
 def test_exchange_spellings_round_trip():
     for text, canon in (("serial", "serial"), ("serial:triton", "serial"), ("serial:cudnn", "serial:cudnn"),
                         ("overlap:cudnn:4", "overlap:cudnn:4"), ("overlap:triton:3", "overlap:triton:3"),
+                        ("overlap:cudnn:4:even", "overlap:cudnn:4"),
+                        ("overlap:triton:3:waves", "overlap:triton:3:waves"),
                         ("stores", "stores:paced"), ("stores:paced:16", "stores:paced:16"),
                         ("stores:burst", "stores:burst"), ("tma", "tma"), ("auto", "auto")):
         ex = parse_exchange(text)
@@ -214,9 +217,50 @@ def test_exchange_spellings_round_trip():
     assert parse_exchange("stores:burst").in_kernel and not parse_exchange("overlap").in_kernel
 
 
+def _tiles(ranges, heads, block_m):
+    return heads * sum(-(-(hi - lo) // block_m) for lo, hi in ranges)
+
+
+@pytest.mark.parametrize("heads,tokens,world,blocks", [(24, 32760, 8, 3), (24, 32760, 8, 4), (16, 12288, 8, 5),
+                                                       (24, 4608, 4, 4)])
+def test_waves_cut_leaves_only_the_spill_beside_the_own_rows(heads, tokens, world, blocks):
+    """The `waves` cut: every remote row once, the own rows last, and the last remote block holds just
+    the tiles that the own tiles cannot fill the last wave with (an independent wave count)."""
+    from xstage.attention.layout import UlyssesPlan, split_sizes
+    from xstage.attention.overlap import overlap_blocks
+
+    slots, bm = 132, 128
+    plan = UlyssesPlan(world, 0, 1, split_sizes(tokens, world), heads, 128)
+    h = plan.heads_of(0)
+    even = overlap_blocks(plan, blocks, bm)
+    waves = overlap_blocks(plan, blocks, bm, cut="waves", slots=slots)
+    for cut in (even, waves):
+        rows = sorted(r for ranges in cut[:-1] for lo, hi in ranges for r in range(lo, hi))
+        assert rows == list(range(plan.tok0[1], tokens)) and cut[-1] == [(0, plan.tok0[1])]
+    assert len(waves) == len(even) == blocks
+    total = sum(_tiles(r, h, bm) for r in waves)
+    last_wave = total - (total - 1) // slots * slots
+    spill = last_wave - _tiles(waves[-1], h, bm)
+    tail = _tiles(waves[-2], h, bm)
+    assert spill > 0 and spill <= tail < spill + h  # just the spill, rounded up to whole row tiles
+    # the blocks before it fill whole waves (but for that rounding)
+    assert total - tail - _tiles(waves[-1], h, bm) > (total - 1) // slots * slots - h
+
+
+def test_waves_cut_is_even_without_a_spill():
+    from xstage.attention.layout import UlyssesPlan, split_sizes
+    from xstage.attention.overlap import overlap_blocks
+
+    for heads, tokens, world in ((24, 32760, 4), (24, 2048, 8), (40, 75600, 8)):  # own tiles fill it; one wave
+        plan = UlyssesPlan(world, 0, 1, split_sizes(tokens, world), heads, 128)
+        assert overlap_blocks(plan, 4, 128, cut="waves", slots=132) == overlap_blocks(plan, 4, 128)
+    with pytest.raises(InputError, match="slots"):
+        overlap_blocks(plan, 4, 128, cut="waves")
+
+
 @pytest.mark.parametrize("world,rank,seq,blocks", [(3, 1, [70, 69, 69], 3), (4, 0, [40, 40, 40, 40], 2),
-                                                   (2, 1, [33, 31], 4)],
-                         ids=["P3-r1-uneven-3blocks", "P4-r0-2blocks", "P2-r1-4blocks"])
+                                                   (2, 1, [33, 31], 4), (3, 0, [70, 69, 69], "4:waves")],
+                         ids=["P3-r1-uneven-3blocks", "P4-r0-2blocks", "P2-r1-4blocks", "P3-r0-4blocks-waves"])
 def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blocks, device):
     from xstage.attention.overlap import overlap_blocks, run_overlap
     from xstage.attention.ulysses import stage_buffer, unpack_loopback
@@ -244,7 +288,7 @@ def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blo
     assert rows == sorted(set(range(plan.seq_total)) - own)  # every remote row exactly once, no own row
     for (_, dest, lo, hi) in sends:
         assert plan.tok0[dest] <= lo < hi <= plan.tok0[dest + 1]  # each row to the rank that owns it
-    n_blocks = len(overlap_blocks(plan, blocks, cfg.block_m))
+    n_blocks = len(overlap_blocks(plan, ex.blocks, cfg.block_m, cut=ex.cut, slots=132))
     assert {s[0] for s in sends} <= set(range(n_blocks - 1)) | {n_blocks - 1}
     unpack_loopback(plan, state)
     for p in range(world):

@@ -4,7 +4,7 @@ Spellings (API `exchange=`, `xstage bench ulysses --exchange`, `xstage plan ulys
 `xstage plan validate --exchange`, the `variant` column of the CSVs):
 
 - `serial[:CORE]`: attention, then the group's all-to-all (the copy engine on a loopback group);
-- `overlap[:CORE[:BLOCKS]]`: attention over blocks of query rows; the copy engine sends each
+- `overlap[:CORE[:BLOCKS[:CUT]]]`: attention over blocks of query rows; the copy engine sends each
   finished block while the next one computes;
 - `stores[:burst | :paced[:R]]`: the Triton kernel stores each finished tile from its epilogue,
   whole (`burst`) or in chunks of R rows during the next tile's key loop (`paced`, the default);
@@ -14,7 +14,9 @@ Spellings (API `exchange=`, `xstage bench ulysses --exchange`, `xstage plan ulys
 `CORE` is the attention kernel: `triton` (`xstage.attention.flash`, the default) or `cudnn` (torch's
 scaled_dot_product_attention with the cuDNN backend; on a machine without a GPU torch's own SDPA
 stands in, for correctness only). `BLOCKS` is how many blocks of rows `overlap` cuts the sequence
-into (0 or absent: chosen from the shape, see `overlap_blocks`).
+into (0 or absent: chosen from the shape, see `overlap_blocks`). `CUT` is how the remote rows are
+cut into those blocks: `even` (the default) or `waves` (a small last remote block holding only the
+tiles that the own rows leave to the kernel's last, partial wave; see `overlap_blocks`).
 
 Example:
     >>> str(parse_exchange("stores"))
@@ -31,6 +33,7 @@ from xstage.errors import InputError
 
 MECHANISMS = ("serial", "overlap", "stores", "tma", "auto")
 CORES = ("triton", "cudnn")
+CUTS = ("even", "waves")  # how `overlap` cuts the remote rows into blocks; the first is the default
 # mechanisms that wait on per-tile or per-block signals from their peers (the watchdog applies)
 SIGNALLED = ("overlap", "stores", "tma")
 
@@ -44,9 +47,12 @@ class Exchange:
     burst: bool = False
     chunk_rows: int = 0
     blocks: int = 0
+    cut: str = CUTS[0]
 
     def __str__(self) -> str:
         if self.mechanism in ("serial", "overlap"):
+            if self.cut != CUTS[0]:
+                return f"{self.mechanism}:{self.core}:{self.blocks}:{self.cut}"
             text = f"{self.mechanism}:{self.core}" if self.core != "triton" or self.blocks else self.mechanism
             return f"{self.mechanism}:{self.core}:{self.blocks}" if self.blocks else text
         if self.mechanism == "stores":
@@ -61,8 +67,8 @@ class Exchange:
         return self.mechanism in ("stores", "tma")
 
 
-_FORMS = ("serial[:triton|cudnn], overlap[:triton|cudnn[:BLOCKS]], stores[:burst|:paced[:R]], tma, auto "
-          "(R rows per chunk, a power of two; BLOCKS >= 2)")
+_FORMS = ("serial[:triton|cudnn], overlap[:triton|cudnn[:BLOCKS[:even|waves]]], stores[:burst|:paced[:R]], tma, "
+          "auto (R rows per chunk, a power of two; BLOCKS >= 2)")
 
 
 def parse_exchange(spec) -> Exchange:
@@ -78,17 +84,20 @@ def parse_exchange(spec) -> Exchange:
         return InputError(f"exchange {spec!r}: expected one of {_FORMS}")
 
     if kind in ("serial", "overlap"):
-        if len(rest) > (2 if kind == "overlap" else 1):
+        if len(rest) > (3 if kind == "overlap" else 1):
             raise bad()
         core = rest[0] if rest else "triton"
         if core not in CORES:
             raise InputError(f"exchange {spec!r}: attention core {core!r} must be one of {', '.join(CORES)}")
         blocks = 0
-        if len(rest) == 2:
+        if len(rest) >= 2:
             blocks = _int(rest[1])
             if blocks is None or blocks < 2:
                 raise InputError(f"exchange {spec!r}: BLOCKS must be an integer >= 2, got {rest[1]!r}")
-        return Exchange(kind, core=core, blocks=blocks)
+        cut = rest[2] if len(rest) == 3 else CUTS[0]
+        if cut not in CUTS:
+            raise InputError(f"exchange {spec!r}: CUT {cut!r} must be one of {', '.join(CUTS)}")
+        return Exchange(kind, core=core, blocks=blocks, cut=cut)
     if kind == "stores":
         if not rest or rest == ["paced"]:
             return Exchange("stores")
@@ -133,4 +142,4 @@ def resolve_auto(plan, dtype, path: str, device) -> Exchange:
     return choice
 
 
-__all__ = ["CORES", "Exchange", "MECHANISMS", "SIGNALLED", "parse_exchange", "register_chooser", "resolve_auto"]
+__all__ = ["CORES", "CUTS", "Exchange", "MECHANISMS", "SIGNALLED", "parse_exchange", "register_chooser", "resolve_auto"]

@@ -43,15 +43,26 @@ from xstage.errors import InputError
 _STREAMS: dict = {}
 
 
-def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tuple[int, int]]]:
+def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int, *, cut: str = "even",
+                   slots: int = 0) -> list[list[tuple[int, int]]]:
     """Row ranges of the gathered sequence, block by block, in the order `overlap` computes them.
 
     The remote rows (those after this rank's, then those before, i.e. the sequence rotated to start
-    after this rank's rows) are cut into `blocks - 1` blocks of nearly equal size, each a multiple
-    of `block_m` rows where it can be, so that no query tile is split; the last block holds this
-    rank's own rows. A block may wrap around the end of the sequence, and then has two ranges."""
+    after this rank's rows) are cut into `blocks - 1` blocks, each a multiple of `block_m` rows where
+    it can be, so that no query tile is split; the last block holds this rank's own rows. A block may
+    wrap around the end of the sequence, and then has two ranges. `cut`:
+    - `even`: remote blocks of nearly equal size;
+    - `waves`: the kernel runs `slots` tiles (one head x `block_m` rows) at a time, so its last wave
+      is partial. When the own rows' tiles cannot fill that wave, some remote tiles run in it, and
+      the copy of their whole block waits for the kernel's end. `waves` puts just those tiles (the
+      "spill") in a small last remote block, whose copy is short, and cuts the rest evenly; with
+      no spill, a single wave or fewer than three blocks it is `even`."""
     if blocks < 2:
         raise InputError(f"blocks={blocks}: overlap needs at least 2 (the remote rows, then the own rows)")
+    if cut not in ("even", "waves"):
+        raise InputError(f"cut={cut!r}: must be 'even' or 'waves'")
+    if cut == "waves" and slots < 1:
+        raise InputError(f"slots={slots}: the `waves` cut needs the tiles that run at once (>= 1)")
     S, r = plan.seq_total, plan.rank
     a, b = plan.tok0[r], plan.tok0[r + 1]
     remote = S - (b - a)
@@ -59,6 +70,10 @@ def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tu
     tiles = -(-remote // block_m)
     n_remote = max(1, min(n_remote, tiles))
     cuts = [min(remote, (tiles * i // n_remote) * block_m) for i in range(n_remote + 1)] if tiles else [0]
+    spill = _spill_row_tiles(plan.heads_of(r), tiles, -(-(b - a) // block_m), slots) if cut == "waves" else 0
+    if n_remote >= 2 and 0 < spill < tiles:
+        big = tiles - spill
+        cuts = [(big * i // (n_remote - 1)) * block_m for i in range(n_remote)] + [remote]
     out: list[list[tuple[int, int]]] = []
     for x0, x1 in zip(cuts, cuts[1:]):
         lo, hi = b + x0, b + x1  # rotated: row b + x, past the end wrapping to the start
@@ -73,6 +88,24 @@ def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int) -> list[list[tu
     if b > a:
         out.append([(a, b)])
     return out
+
+
+def _spill_row_tiles(heads: int, remote_row_tiles: int, own_row_tiles: int, slots: int) -> int:
+    """Row tiles of remote rows that run in the kernel's last wave beside every own tile (0: none)."""
+    total = heads * (remote_row_tiles + own_row_tiles)
+    if total <= slots:
+        return 0  # one wave: every block runs in it
+    spill = (total % slots or slots) - heads * own_row_tiles
+    return -(-spill // heads) if spill > 0 else 0
+
+
+def concurrent_tiles(core: str, device: torch.device, config: FlashConfig | None) -> int:
+    """Attention tiles that `core` runs at once on `device`: the Triton kernel's persistent grid, or
+    one per SM for cuDNN (its fused attention kernel on Hopper holds one CTA per SM)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    if core == "triton" and config is not None and config.ctas_per_sm > 0:
+        return sms * config.ctas_per_sm
+    return sms
 
 
 def default_blocks(plan: UlyssesPlan) -> int:
@@ -155,7 +188,8 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
     cfg = config
-    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), cfg.block_m if cfg else 128)
+    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), cfg.block_m if cfg else 128, cut=ex.cut,
+                            slots=concurrent_tiles(ex.core, og.device, cfg))
     a, b = plan.tok0[plan.rank], plan.tok0[plan.rank + 1]
     if not og.is_cuda:
         for i, ranges in enumerate(blocks):
@@ -197,5 +231,5 @@ def run_serial_copies(plan: UlyssesPlan, og: torch.Tensor, own_out: torch.Tensor
         own_out.copy_(og[:, a:b])
 
 
-__all__ = ["attend", "default_blocks", "overlap_blocks", "run_overlap", "run_serial_copies", "send_rows",
-           "stage_offset", "unpack_stage"]
+__all__ = ["attend", "concurrent_tiles", "default_blocks", "overlap_blocks", "run_overlap", "run_serial_copies",
+           "send_rows", "stage_offset", "unpack_stage"]

@@ -161,7 +161,7 @@ def _overlap_steps(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim:
     `block_ns` is added to each block's work (its launch and the cuDNN core's layout copy), and two
     blocks side by side share the machine as `two_lane_done(..., first_share)` says."""
     h = plan.heads_of(plan.rank)
-    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M)
+    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, cut=ex.cut, slots=costs.grid)
     rows = [sum(hi - lo for lo, hi in ranges) for ranges in blocks]
     alone = costs.attention_ns(core, tokens, h, tokens, dim)
     done = two_lane_done([alone * r / max(1, sum(rows)) + block_ns for r in rows], first_share)
