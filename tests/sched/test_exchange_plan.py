@@ -16,8 +16,8 @@ from xstage.sched.exchange import (
     fit_exchange_costs,
     plan_exchange,
     predict,
-    two_lane_done,
     validate_exchange,
+    wave_done,
 )
 
 # Test inputs, not measurements: ns, ns per unit of rounds x work, bytes per second.
@@ -58,12 +58,12 @@ def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
 
 def test_the_overlap_sends_are_fitted_on_the_overlap_rows():
     # sends beside running attention: their own latency and rate (B/ns), not the serial copy's; a
-    # launch cost per block, and the earlier of two blocks side by side gets 0.8 of the machine
+    # cost per block, and tiles 1% slower than alone
     true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 20.0)},
-                               overlap={"cudnn": (6e3, 40.0, 8e3, 0.8)})
-    rows = _rows(true, overlaps=("overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4"))
+                               overlap={"cudnn": (6e3, 40.0, 8e3, 0.01)})
+    rows = _rows(true, overlaps=("overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:4:waves"))
     got = fit_exchange_costs(rows, drain=true.drain)
-    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0, 8e3, 0.8))
+    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0, 8e3, 0.01))
     assert "triton" not in got.overlap  # no overlap:triton rows: the serial copy's costs stand in
     assert got.quality["overlap:cudnn"] == pytest.approx(0.0, abs=1e-9)
     # without the fit the serial copy's costs predict other times where a send shows
@@ -81,20 +81,20 @@ def test_predictions_follow_the_model():
     serial = predict("serial:cudnn", H, D, T, P, TRUE)
     alone = TRUE.attention_ns("cudnn", T, h, T, D)
     assert serial.attention_ns == alone and serial.time_ns == pytest.approx(alone + TRUE.copy_ns("cudnn", remote))
-    # overlap (two lanes): the remote and own blocks run side by side and end together when they are
-    # as large (P = 2 would); here the remote block is 3/4 of the rows, so it ends after the own one
+    # overlap: 2 heads x 128 = 256 tiles of 128 rows on 16 slots, a tile as long as a round of
+    # attention alone; two blocks: the remote one (192 tiles) is served first, then the own one; its 3 sends
+    # (one per destination; without an overlap fit the serial copy's costs stand in) start after it
+    a, b = TRUE.attention[("cudnn", D)]
+    tile = b * 4 * BLOCK_M * T * D
     ov = predict("overlap:cudnn", H, D, T, P, TRUE)
-    rows = T - plan.seq_lens[0]
-    t_remote = two_lane_done([alone * rows / T, alone * plan.seq_lens[0] / T])[0]
-    assert t_remote == pytest.approx(alone)
-    # then one send per destination (without an overlap fit, the serial copy's costs stand in)
-    assert ov.time_ns == pytest.approx(alone + 3 * TRUE.copy_ns("cudnn", remote / 3))
-    # three blocks: two remote halves side by side, then the own block; each copy waits for its block
-    # and for the copy before it (every block's rows go to one destination or two)
+    assert wave_done([192, 64], 16, tile) == pytest.approx([12 * tile, 16 * tile])
+    t_copy = a + 12 * tile + 3 * TRUE.copy_ns("cudnn", remote / 3)
+    assert ov.time_ns == pytest.approx(max(a + 16 * tile, t_copy))
+    # three blocks: two remote halves side by side (the first served first), the own block once the
+    # first is done; each copy waits for its block and for the copy before it
     ov3 = predict("overlap:cudnn:3", H, D, T, P, TRUE)
-    w = [alone * 6144 / T, alone * 6144 / T, alone * 4096 / T]
-    done = two_lane_done(w)
-    assert done == pytest.approx([2 * w[0], 2 * w[0], 2 * w[0] + w[2]])
+    done = [a + t for t in wave_done([96, 96, 64], 16, tile)]
+    assert done == pytest.approx([a + 6 * tile, a + 12 * tile, a + 16 * tile])
     t_copy = 0.0
     for t_done, dests in zip(done[:2], ([4096, 2048], [2048, 4096])):
         for n in dests:

@@ -61,13 +61,13 @@ GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
 GRID_WORLDS = (2, 4, 8)
 # Calibration grid of the planner's tile and copy costs: other head counts and sequence lengths than
-# the grid the planner is judged on. 3072 and 12288 tokens were added after the embedded calibration
-# (which has the other three) was measured: the overlap model errs most at short sequences.
+# the grid the planner is judged on.
 CALIBRATION_SHAPES = ((16, 128), (32, 64))
 CALIBRATION_TOKENS = (3072, 6144, 12288, 24576, 57344)
 CORES = ("attention:triton", "attention:cudnn")
-VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4",
-                    "overlap:triton:4", "stores:paced", "auto")
+# every exchange the planner ranks, the even cut of three and four cuDNN blocks beside their `waves` cut
+VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:3:waves",
+                    "overlap:cudnn:4:waves", "overlap:triton:4:waves", "stores:paced", "auto")
 KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
                          "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",

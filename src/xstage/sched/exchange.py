@@ -12,15 +12,16 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
   core adds a `[B, h, S, D]` -> sequence-major copy, fitted in its own pair);
 - `serial`: attention, then one send of every remote row;
 - `overlap`: the blocks of `overlap_blocks` on two alternating streams (`xstage.attention.overlap`):
-  block i starts when block i - 2 is done; while two blocks run, the earlier one gets a share `f` of
-  the SMs and the later one the rest (`two_lane_done`: f = 1/2 lets two blocks side by side end late
-  together, f = 1 serves the earlier grid first). A block's work is attention alone's time times its
-  share of the rows, plus `z` (its launch; the cuDNN core's copy into the sequence-major layout).
-  Its sends (one per destination its rows reach) start when both block i and the sends before are
-  done, each `y0 + n / overlap_rate`; the time is the later of the last compute and the last send.
-  `y0`, `overlap_rate`, `z` and `f` are fitted on the calibration's `overlap` rows, per core (without
-  them: the serial copy's costs, z = 0, f = 1/2), since a copy beside running attention is not the
-  serial copy;
+  block i may start when block i - 2 is done. Their tiles (one head x 128 rows) run `grid` at a
+  time, each as long as one round of attention alone times `1 + k`, a free slot taking a tile of
+  the earliest block that may start (`wave_done`: the hardware serves the grid launched first, and
+  the last, partial wave is what a block's copy may wait for). A block ends `z` after its last tile
+  (its launch; the cuDNN core's copy into the sequence-major layout). Its sends (one per destination
+  its rows reach) start when both block i and the sends before are done, each `y0 + n /
+  overlap_rate`; the time is the later of the last compute and the last send. `y0`,
+  `overlap_rate`, `z` and `k` are fitted on the calibration's `overlap` rows, per core (without
+  them: the serial copy's costs, z = k = 0), since a copy beside running attention is not the
+  serial copy, and tiles beside the copies run slower;
 - `stores`: the Triton kernel with the exchange in its epilogue. Its key loop runs slower than
   attention alone even on a link-free path (register pressure of the send code; see
   `benchmarks/results/h200-ulysses-trace/`): a factor `1 + s` per head dim and pacing; the link
@@ -54,14 +55,19 @@ from xstage.errors import InputError
 from xstage.results.io import read_rows
 
 BLOCK_M = 128
+# Ranked by default (`exchange="auto"`, `plan ulysses`). The overlap blocks take the `waves` cut: in
+# the calibration (`benchmarks/results/h200-ulysses-calibration/`, commit d77f19c) it was faster than
+# the even cut in the 9 configurations where the two differ (geomean 0.92x with three cuDNN blocks,
+# 0.98x with four) and is the same cut elsewhere.
 # Predicted when named (`plan ulysses --candidates`) but not ranked by default:
-# - `stores:burst`: it loses to `stores:paced` wherever the link is busy, and the model's p90 error
-#   on it is the largest;
+# - `stores:burst`: it loses to `stores:paced` wherever the link is busy, and the model's error on
+#   it is the largest (4.4% of attention alone, in-sample median);
 # - `overlap:cudnn` (two blocks): on two streams the remote and the own block run side by side and
-#   the remote block's copy shows; slower than four blocks in 13 of the 18 calibration
-#   configurations, and the model's worst overlap (2.5% median in-sample).
-CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:triton:4",
-              "stores:paced")
+#   the remote block's copy shows; slower than three or four blocks in 26 of the 30 calibration
+#   configurations;
+# - the `even` cut.
+CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn:3:waves", "overlap:cudnn:4:waves",
+              "overlap:triton:4:waves", "stores:paced")
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 
 
@@ -78,16 +84,17 @@ class Prediction:
 
 @dataclass
 class ExchangeCosts:
-    """Fitted coefficients (ns, bytes/s); see the module docstring."""
+    """Fitted coefficients (ns; copy and overlap rates in bytes per ns, `drain` in bytes per second);
+    see the module docstring."""
 
     attention: dict[tuple[str, int], tuple[float, float]]  # (core, D) -> (a_ns, ns per unit of rounds x work)
-    copy: dict[str, tuple[float, float]]  # core -> (x0_ns, bytes per second)
+    copy: dict[str, tuple[float, float]]  # core -> (x0_ns, bytes per ns)
     stores: dict[tuple[bool, int], float]  # (burst, D) -> slowdown s of the key loop
     drain: float  # bytes per second the in-kernel stores drain at
     grid: int = 132
     source: str = ""
     quality: dict = field(default_factory=dict)
-    # core -> (y0 ns per send, bytes per ns, z ns per block, the earlier block's share) of `overlap`
+    # core -> (y0 ns per send, bytes per ns, z ns per block, slowdown k of the tiles) of `overlap`
     overlap: dict[str, tuple[float, float, float, float]] = field(default_factory=dict)
 
     def attention_ns(self, core: str, rows: int, heads: int, tokens: int, dim: int) -> float:
@@ -112,8 +119,10 @@ class ExchangeCosts:
         return x0 + nbytes / rate if nbytes > 0 else 0.0
 
     def overlap_terms(self, core: str) -> tuple[float, float, float, float]:
-        """(y0, rate, z, f) of `overlap` with `core`; without a fit, the serial copy's costs, z = 0, f = 1/2."""
-        return self.overlap.get(core) or (*self.copy[core], 0.0, 0.5)
+        """(y0, rate, z, k) of `overlap` with `core`; without a fit, the serial copy's costs, z = k = 0."""
+        if core in self.overlap:
+            return self.overlap[core]
+        return (*self.copy[core], 0.0, 0.0)
 
 
 def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
@@ -150,21 +159,23 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
         s = costs.stores[(ex.burst, near)]
     kernel = alone * (1.0 + s)
     rounds = max(1, math.ceil(h * math.ceil(tokens / BLOCK_M) / costs.grid))
-    tail = remote / rounds / costs.drain  # the last round's rows drain after the kernel
-    return Prediction(str(ex), max(kernel, remote / costs.drain) + tail, alone)
+    link_ns = remote / costs.drain * 1e9  # every remote byte crosses the link at the drain rate
+    tail = link_ns / rounds  # the last round's rows drain after the kernel
+    return Prediction(str(ex), max(kernel, link_ns) + tail, alone)
 
 
 def _overlap_steps(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
-                   costs: ExchangeCosts, block_ns: float = 0.0, first_share: float = 0.5
+                   costs: ExchangeCosts, block_ns: float = 0.0, slowdown: float = 0.0
                    ) -> list[tuple[float, list[int]]]:
     """(compute done, bytes of each send) per `overlap` block, in order (see the module docstring);
-    `block_ns` is added to each block's work (its launch and the cuDNN core's layout copy), and two
-    blocks side by side share the machine as `two_lane_done(..., first_share)` says."""
+    the blocks' tiles run as `wave_done` says, `1 + slowdown` times as long as alone, and each block
+    ends `block_ns` after its last tile."""
     h = plan.heads_of(plan.rank)
     blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, cut=ex.cut, slots=costs.grid)
-    rows = [sum(hi - lo for lo, hi in ranges) for ranges in blocks]
-    alone = costs.attention_ns(core, tokens, h, tokens, dim)
-    done = two_lane_done([alone * r / max(1, sum(rows)) + block_ns for r in rows], first_share)
+    a, b = costs._att(core, dim)
+    tiles = [h * sum(-(-(hi - lo) // BLOCK_M) for lo, hi in ranges) for ranges in blocks]
+    done = [a + t for t in wave_done(tiles, costs.grid, b * 4.0 * BLOCK_M * tokens * dim * (1.0 + slowdown),
+                                     block_ns)]
     steps = []
     for t_done, ranges in zip(done, blocks):
         sends = [n * row_bytes for lo, hi in ranges for p in range(plan.world)
@@ -173,33 +184,42 @@ def _overlap_steps(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim:
     return steps
 
 
-def two_lane_done(works: Sequence[float], first_share: float = 0.5) -> list[float]:
-    """When each block ends: block i on lane i % 2 starts when block i - 2 ends. While two blocks
-    run, the earlier one gets `first_share` of the machine and the later one the rest (0.5: an
-    equal share; 1: the hardware serves the earlier grid first); a block alone gets all of it.
+def wave_done(tiles: Sequence[int], slots: int, tile_ns: float, block_ns: float = 0.0) -> list[float]:
+    """When each block of attention tiles ends, on a machine that runs `slots` tiles at once, each
+    `tile_ns` long. Block i (on stream i % 2) may start when block i - 2 has ended; a free slot
+    takes a tile of the earliest block that may start (the hardware serves the grid launched
+    first); a block ends `block_ns` after its last tile (its launch, the cuDNN core's layout copy).
 
     Example:
-        >>> two_lane_done([1.0, 1.0, 2.0])   # the first two side by side, the third alone after them
-        [2.0, 2.0, 4.0]
-        >>> two_lane_done([1.0, 1.0], first_share=1.0)
-        [1.0, 2.0]
+        >>> wave_done([6, 6, 2], slots=4, tile_ns=1.0)   # the third block waits for the first
+        [2.0, 3.0, 4.0]
     """
-    left = [float(w) for w in works]
-    done = [0.0] * len(left)
-    running = list(range(min(2, len(left))))
-    t = 0.0
-    while running:
-        rates = [first_share, 1.0 - first_share] if len(running) == 2 else [1.0]
-        running.sort()
-        step = min(left[i] / r if r > 0 else float("inf") for i, r in zip(running, rates))
-        t += step
-        for i, r in zip(running, rates):
-            left[i] -= step * r
-        for i in [i for i in running if left[i] <= 1e-9 * max(1.0, t)]:
-            done[i] = t
-            running.remove(i)
-            if i + 2 < len(left):  # the next block on this lane
-                running.append(i + 2)
+    n = len(tiles)
+    if any(t < 1 for t in tiles) or slots < 1:
+        raise InputError(f"wave_done: every block needs a tile and the machine a slot, got {list(tiles)}, {slots}")
+    left = [int(t) for t in tiles]
+    start: list[float | None] = [0.0 if i < 2 else None for i in range(n)]
+    done = [0.0] * n
+    free = {0.0: slots}  # time -> slots that free up then
+    pending = list(range(n))
+    while pending:
+        t = min(free)
+        count = free.pop(t)
+        for i in [i for i in pending if start[i] is not None and start[i] <= t]:
+            k = min(count, left[i])
+            left[i] -= k
+            count -= k
+            free[t + tile_ns] = free.get(t + tile_ns, 0) + k
+            if left[i] == 0:  # tiles end in dispatch order: this one is the block's last
+                done[i] = t + tile_ns + block_ns
+                pending.remove(i)
+                if i + 2 < n:
+                    start[i + 2] = done[i]
+            if count == 0:
+                break
+        if count:  # idle until the next slot frees or the next block may start
+            nxt = min([*free, *(start[i] for i in pending if start[i] is not None and start[i] > t)])
+            free[nxt] = free.get(nxt, 0) + count
     return done
 
 
@@ -215,8 +235,8 @@ def _overlap_time(steps, y0, rate):
 
 def _overlap_ns(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
                 costs: ExchangeCosts) -> float:
-    y0, rate, z, share = costs.overlap_terms(core)
-    steps = _overlap_steps(plan, ex, core, tokens, dim, row_bytes, costs, z, share)
+    y0, rate, z, k = costs.overlap_terms(core)
+    steps = _overlap_steps(plan, ex, core, tokens, dim, row_bytes, costs, z, k)
     return float(_overlap_time(steps, y0, rate))
 
 
@@ -294,15 +314,21 @@ def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibra
 
 
 def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
-    """((y0 ns, rate B/ns, z ns, first share), median error) of `overlap`'s sends and blocks, searched
-    on a grid of the four for the least median |predicted - measured overhead| / measured attention
-    alone of the worst `overlap:core*` exchange (the measure the predictions are judged by; the max() of the model
-    defeats least squares). None with fewer than 3 such rows."""
+    """((y0 ns, rate B/ns, z ns, k), median error) of `overlap`'s sends and blocks, searched on a grid
+    of the four for the least median |predicted - measured overhead| / measured attention alone of the
+    worst `overlap:core*` exchange (the measure the predictions are judged by; the max() of the model
+    defeats least squares), among those the planner ranks where the calibration has them. None with
+    fewer than 3 such rows."""
+    # the exchanges the planner ranks, where the calibration has them: the fit serves those
+    present = {n for v in by_cfg.values() for n in v}
+    ranked = [c for c in CANDIDATES if c in present and c.startswith(f"overlap:{core}")]
     cases = []
     for (H, D, T, P), v in by_cfg.items():
         alone = v.get(f"attention:{core}")
         for name, row in v.items():
             if alone is None or not name.startswith("overlap") or parse_exchange(name).core != core:
+                continue
+            if ranked and name not in ranked:
                 continue
             plan = _rank0(H, D, T, P)
             att = float(alone["time_ns"])
@@ -313,16 +339,16 @@ def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
     names = sorted({c[-1] for c in cases})
     y0s, rates = np.meshgrid(np.linspace(0.0, 60e3, 31), np.linspace(10.0, 80.0, 36), indexing="ij")
     best = None
-    for share in np.linspace(0.5, 1.0, 6):
+    for k in np.linspace(0.0, 0.03, 7):
         for z in np.linspace(0.0, 40e3, 11):
             errs = np.stack([np.abs(_overlap_time(_overlap_steps(plan, ex, core, T, D, plan.heads_of(0) * D * 2,
-                                                                 costs, z, share), y0s, rates) - pa - over) / att
+                                                                 costs, z, k), y0s, rates) - pa - over) / att
                              for plan, ex, T, D, pa, over, att, _ in cases])
             # the worst exchange's median: the target holds for each exchange the planner ranks
             med = np.max([np.median(errs[[c[-1] == name for c in cases]], axis=0) for name in names], axis=0)
             i = np.unravel_index(np.argmin(med), med.shape)
             if best is None or med[i] < best[1] - 1e-12:
-                best = ((float(y0s[i]), float(rates[i]), float(z), float(share)), float(med[i]))
+                best = ((float(y0s[i]), float(rates[i]), float(z), float(k)), float(med[i]))
     return best
 
 
@@ -414,5 +440,5 @@ def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequenc
 
 
 __all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "check_predictable", "choose_exchange", "chooser",
-           "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "two_lane_done",
-           "validate_exchange"]
+           "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "validate_exchange",
+           "wave_done"]
