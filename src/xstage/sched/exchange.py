@@ -57,8 +57,8 @@ from xstage.results.io import read_rows
 BLOCK_M = 128
 # Ranked by default (`exchange="auto"`, `plan ulysses`). The overlap blocks take the `waves` cut: in
 # the calibration (`benchmarks/results/h200-ulysses-calibration/`, commit d77f19c) it was faster than
-# the even cut in the 9 configurations where the two differ (geomean 0.92x with three cuDNN blocks,
-# 0.98x with four) and is the same cut elsewhere.
+# the even cut in all 9 configurations where the two differ with three cuDNN blocks (geomean 0.92x)
+# and in 7 of 9 with four (0.98x); elsewhere it is the same cut.
 # Predicted when named (`plan ulysses --candidates`) but not ranked by default:
 # - `stores:burst`: it loses to `stores:paced` wherever the link is busy, and the model's error on
 #   it is the largest (4.4% of attention alone, in-sample median);
