@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from xstage.attention.exchange import Exchange
+from xstage.attention.exchange import CUTS, Exchange
 from xstage.attention.flash import FlashConfig, flash_attention
 from xstage.attention.layout import UlyssesPlan
 from xstage.errors import InputError
@@ -59,8 +59,8 @@ def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int, *, cut: str = "
       no spill, a single wave or fewer than three blocks it is `even`."""
     if blocks < 2:
         raise InputError(f"blocks={blocks}: overlap needs at least 2 (the remote rows, then the own rows)")
-    if cut not in ("even", "waves"):
-        raise InputError(f"cut={cut!r}: must be 'even' or 'waves'")
+    if cut not in CUTS:
+        raise InputError(f"cut={cut!r}: must be one of {', '.join(CUTS)}")
     if cut == "waves" and slots < 1:
         raise InputError(f"slots={slots}: the `waves` cut needs the tiles that run at once (>= 1)")
     S, r = plan.seq_total, plan.rank
@@ -102,6 +102,7 @@ def _spill_row_tiles(heads: int, remote_row_tiles: int, own_row_tiles: int, slot
 def concurrent_tiles(core: str, device: torch.device, config: FlashConfig | None) -> int:
     """Attention tiles that `core` runs at once on `device`: the Triton kernel's persistent grid, or
     one per SM for cuDNN (its fused attention kernel on Hopper holds one CTA per SM)."""
+    # without a GPU (the interpreter runs the logic only) the H200's SM count stands in
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     if core == "triton" and config is not None and config.ctas_per_sm > 0:
         return sms * config.ctas_per_sm
