@@ -164,24 +164,27 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
     return Prediction(str(ex), max(kernel, link_ns) + tail, alone)
 
 
-def _overlap_steps(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
-                   costs: ExchangeCosts, block_ns: float = 0.0, slowdown: float = 0.0
-                   ) -> list[tuple[float, list[int]]]:
-    """(compute done, bytes of each send) per `overlap` block, in order (see the module docstring);
-    the blocks' tiles run as `wave_done` says, `1 + slowdown` times as long as alone, and each block
-    ends `block_ns` after its last tile."""
+def _overlap_geometry(plan: UlyssesPlan, ex: Exchange, row_bytes: int, grid: int
+                      ) -> tuple[list[int], list[list[int]]]:
+    """(tiles, bytes of each send) per `overlap` block, in order: what the blocks are, whatever they cost."""
     h = plan.heads_of(plan.rank)
-    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, cut=ex.cut, slots=costs.grid)
-    a, b = costs._att(core, dim)
+    blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), BLOCK_M, cut=ex.cut, slots=grid)
+    tok0 = plan.tok0
     tiles = [h * sum(-(-(hi - lo) // BLOCK_M) for lo, hi in ranges) for ranges in blocks]
-    done = [a + t for t in wave_done(tiles, costs.grid, b * 4.0 * BLOCK_M * tokens * dim * (1.0 + slowdown),
-                                     block_ns)]
-    steps = []
-    for t_done, ranges in zip(done, blocks):
-        sends = [n * row_bytes for lo, hi in ranges for p in range(plan.world)
-                 if p != plan.rank and (n := min(hi, plan.tok0[p + 1]) - max(lo, plan.tok0[p])) > 0]
-        steps.append((t_done, sends))
-    return steps
+    sends = [[n * row_bytes for lo, hi in ranges for p in range(plan.world)
+              if p != plan.rank and (n := min(hi, tok0[p + 1]) - max(lo, tok0[p])) > 0] for ranges in blocks]
+    return tiles, sends
+
+
+def _overlap_steps(geometry, core: str, tokens: int, dim: int, costs: ExchangeCosts, block_ns: float = 0.0,
+                   slowdown: float = 0.0) -> list[tuple[float, list[int]]]:
+    """(compute done, bytes of each send) per `overlap` block of `geometry` (`_overlap_geometry`), in
+    order (see the module docstring): the blocks' tiles run as `wave_done` says, `1 + slowdown` times
+    as long as alone, and each block ends `block_ns` after its last tile."""
+    tiles, sends = geometry
+    a, b = costs._att(core, dim)
+    done = wave_done(tiles, costs.grid, b * 4.0 * BLOCK_M * tokens * dim * (1.0 + slowdown), block_ns)
+    return [(a + t, s) for t, s in zip(done, sends)]
 
 
 def wave_done(tiles: Sequence[int], slots: int, tile_ns: float, block_ns: float = 0.0) -> list[float]:
@@ -236,7 +239,7 @@ def _overlap_time(steps, y0, rate):
 def _overlap_ns(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: int, row_bytes: int,
                 costs: ExchangeCosts) -> float:
     y0, rate, z, k = costs.overlap_terms(core)
-    steps = _overlap_steps(plan, ex, core, tokens, dim, row_bytes, costs, z, k)
+    steps = _overlap_steps(_overlap_geometry(plan, ex, row_bytes, costs.grid), core, tokens, dim, costs, z, k)
     return float(_overlap_time(steps, y0, rate))
 
 
@@ -333,19 +336,22 @@ def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
             plan = _rank0(H, D, T, P)
             att = float(alone["time_ns"])
             pred_alone = costs.attention_ns(core, T, plan.heads_of(0), T, D)
-            cases.append((plan, parse_exchange(name), T, D, pred_alone, float(row["time_ns"]) - att, att, name))
+            # the blocks and sends do not depend on the coefficients searched: made once per case
+            shape = _overlap_geometry(plan, parse_exchange(name), plan.heads_of(0) * D * 2, costs.grid)
+            cases.append((shape, T, D, pred_alone, float(row["time_ns"]) - att, att, name))
     if len(cases) < 3:
         return None
     names = sorted({c[-1] for c in cases})
+    of_name = [np.array([c[-1] == name for c in cases]) for name in names]
     y0s, rates = np.meshgrid(np.linspace(0.0, 60e3, 31), np.linspace(10.0, 80.0, 36), indexing="ij")
     best = None
     for k in np.linspace(0.0, 0.03, 7):
         for z in np.linspace(0.0, 40e3, 11):
-            errs = np.stack([np.abs(_overlap_time(_overlap_steps(plan, ex, core, T, D, plan.heads_of(0) * D * 2,
-                                                                 costs, z, k), y0s, rates) - pa - over) / att
-                             for plan, ex, T, D, pa, over, att, _ in cases])
+            errs = np.stack([np.abs(_overlap_time(_overlap_steps(shape, core, T, D, costs, z, k), y0s, rates)
+                                    - pa - over) / att
+                             for shape, T, D, pa, over, att, _ in cases])
             # the worst exchange's median: the target holds for each exchange the planner ranks
-            med = np.max([np.median(errs[[c[-1] == name for c in cases]], axis=0) for name in names], axis=0)
+            med = np.max([np.median(errs[mask], axis=0) for mask in of_name], axis=0)
             i = np.unravel_index(np.argmin(med), med.shape)
             if best is None or med[i] < best[1] - 1e-12:
                 best = ((float(y0s[i]), float(rates[i]), float(z), float(k)), float(med[i]))
