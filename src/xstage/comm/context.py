@@ -51,7 +51,7 @@ REFUSABLE_ARGS = ["x", "topk_idx", "topk_weights", "w1t", "w2", "tokens"]
 # moving. Ranks sharing one GPU run in turns, so a peer can look idle for seconds; 20 s leaves room for
 # that and still names a dead rank well within a minute.
 DEFAULT_TIMEOUT_NS = 20_000_000_000
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64)
 
 

@@ -26,6 +26,12 @@ Watchdog (`timeout_ns=`, default `xstage.comm.DEFAULT_TIMEOUT_NS`, 20 s): every 
 buffer's calls, and the group barrier, gives up after that long without progress of what it waits
 for; `check()` then raises `CommTimeoutError` naming this rank, the silent peer and the stage.
 
+FP8 (`dtype="fp8"` or `torch.float8_e4m3fn`): rows cross, and Linear-1/Linear-2 run, in e4m3 with
+the DeepSeek-V3 scales of `xstage.moe.fp8` (1x128 per row for activations, 128x128 for weights);
+the combine rows and the output stay BF16 (`out_dtype`). Hidden and intermediate sizes must be
+multiples of 128, and the blocks match the scale blocks (`block_k` = `block_n1` = 128, `block_n2`
+dividing 128; no TMA loads yet).
+
 Store pacing (`pacing=`, `xstage.moe.pacing`): the pacing of the combine's remote stores.
 `"auto"` (the default) is the planner's choice per call shape (tokens, schedule); `"default"` the
 fixed default of the store path (paced on `host`, where that was measured to pay); `"off"` or None
@@ -53,7 +59,7 @@ from xstage.comm import DEFAULT_TIMEOUT_NS, create_context
 from xstage.comm.barrier import STAGE_REFUSED
 from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
-from xstage.dtypes import parse_dtype
+from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import CommTimeoutError, InputError
 from xstage.moe.pacing import AUTO, resolve_pacing
 
@@ -80,6 +86,7 @@ SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
 
 
 MIN_GEMM_BLOCK = 16  # the smallest tile extent `tl.dot` takes
+FP8_BLOCK = 128  # DeepSeek-V3 scale block (`xstage.moe.fp8.BLOCK`)
 
 
 def _is_int(v) -> bool:
@@ -135,6 +142,10 @@ class LoopbackGroup:
     silent_ranks: tuple[int, ...] = field(default_factory=tuple)
 
 
+# The FP8 default: one scale block per K step and per Linear-1 tile, pointer loads (no FP8 TMA path yet).
+FP8_BLOCK_CONFIG = BlockConfig(block_n1=FP8_BLOCK, block_n2=FP8_BLOCK, block_k=FP8_BLOCK, tma=False)
+
+
 def _pos(name: str, v) -> int:
     if not isinstance(v, int) or isinstance(v, bool) or v < 1:
         raise InputError(f"{name}={v!r}: must be a positive integer")
@@ -176,8 +187,10 @@ class MoEBuffer:
         self.K = _pos("topk", topk)
         self.H = _pos("hidden", hidden)
         self.I = _pos("intermediate", intermediate)
-        self.cfg = config or BlockConfig()
-        self.dtype = parse_dtype(dtype)
+        self.dtype = parse_dtype(dtype, allowed=(*DTYPES, *FP8_DTYPES))
+        self.fp8 = self.dtype in FP8_DTYPES.values()
+        self.cfg = config or (FP8_BLOCK_CONFIG if self.fp8 else BlockConfig())
+        self.out_dtype = torch.bfloat16 if self.fp8 else self.dtype  # combine rows and the output
         self.device = torch.device(device)
         self.group = group if group is not None else LoopbackGroup(1)
         self.loopback = isinstance(self.group, LoopbackGroup)
@@ -199,6 +212,8 @@ class MoEBuffer:
                 raise InputError(f"{name}={v}: must be a multiple of {b} (block config)")
         if self.H % 8:
             raise InputError(f"hidden={self.H}: must be a multiple of 8 (16-byte rows)")
+        if self.fp8:
+            self._check_fp8_blocks()
         elem = torch.tensor([], dtype=self.dtype).element_size()
         stage = (c.block_m + max(2 * c.block_n1, c.block_n2)) * c.block_k * elem  # operand tiles per K step
         if c.num_stages * stage > SHARED_BYTES:
@@ -216,9 +231,25 @@ class MoEBuffer:
         self._pacing = AUTO if isinstance(pacing, str) and pacing == AUTO else resolve_pacing(
             pacing, self.store_path, self.R)
 
+    def _check_fp8_blocks(self) -> None:
+        c = self.cfg
+        for name, v in (("hidden", self.H), ("intermediate", self.I)):
+            if v % FP8_BLOCK:
+                raise InputError(f"{name}={v}: must be a multiple of {FP8_BLOCK} with dtype fp8 (the scale blocks)")
+        for name, v in (("block_k", c.block_k), ("block_n1", c.block_n1)):
+            if v != FP8_BLOCK:
+                raise InputError(f"{name}={v}: must be {FP8_BLOCK} with dtype fp8 (one scale block per tile)")
+        if FP8_BLOCK % c.block_n2:
+            raise InputError(f"block_n2={c.block_n2}: must divide {FP8_BLOCK} with dtype fp8 (one weight-scale row "
+                             "per tile)")
+        if c.tma:
+            raise InputError("tma=True: the FP8 path loads its operands with pointers (TMA loads not built yet)")
+
     def _pool_units(self, pool_bytes, capacity_factor, elem: int) -> int:
         """Units of `block_m` rows the receive and activation pool holds (see the module docstring)."""
         unit_bytes = self.cfg.block_m * (self.H + self.I) * elem
+        if self.fp8:  # each row's 1x128 scales, float32
+            unit_bytes += self.cfg.block_m * (self.H + self.I) // FP8_BLOCK * 4
         if capacity_factor is not None:
             warnings.warn("MoEBuffer(capacity_factor=...) is deprecated: the rows live in a pool reused as units "
                           "finish, so any routing fits; pass pool_bytes= to size the pool", DeprecationWarning,
@@ -253,13 +284,17 @@ class MoEBuffer:
     def nbytes(self) -> dict[str, int]:
         """Bytes of each buffer (device unless noted); `total_bytes()` sums them."""
         e = torch.tensor([], dtype=self.dtype).element_size()
+        out_e = torch.tensor([], dtype=self.out_dtype).element_size()
         out = {
             "recv": self.pool_rows * self.H * e,
             "act": self.pool_rows * self.I * e,
-            "combine": self.K * self.T_max * self.H * e,
+            "combine": self.K * self.T_max * self.H * out_e,
             "x": 0 if self.loopback else self.T_max * self.H * e,
             "counters": 4 * (self.units_cap + 8 + 4 * self.R),
         }
+        if self.fp8:
+            out["scales"] = 4 * (self.pool_rows + (0 if self.loopback else self.T_max)) * self.H // FP8_BLOCK \
+                + 4 * self.pool_rows * self.I // FP8_BLOCK
         if self.loopback and self.group.path == "host" and self.R > 1:
             out["combine_host"] = out["combine"]
         return out
@@ -281,14 +316,21 @@ class MoEBuffer:
         # Zeroed once: TMA reads whole row blocks, and rows past a unit's valid rows must hold finite values.
         self.recv = torch.zeros(self.pool_rows, self.H, dtype=self.dtype, device=dev)
         self.act = torch.zeros(self.pool_rows, self.I, dtype=self.dtype, device=dev)
+        # FP8: the 1x128 scales of the pool's rows; otherwise a word the kernel never reads
+        n_h, n_i = (self.H // FP8_BLOCK, self.I // FP8_BLOCK) if self.fp8 else (1, 1)
+        rows = self.pool_rows if self.fp8 else 1
+        self.recv_scale = torch.zeros(rows, n_h, dtype=torch.float32, device=dev)
+        self.act_scale = torch.zeros(rows, n_i, dtype=torch.float32, device=dev)
+        self.xs_delta = torch.zeros(R, dtype=torch.int64, device=dev)  # peers' x_scale, in float32 words
+        self.x_scale_buf = None
         self.ready = torch.zeros(self.units_cap, **i32)
         self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, next task (dynamic)
         self.pace_clock = torch.zeros(1, dtype=torch.int64, device=dev)  # ns; see xstage.comm.pacing
         self.err = torch.zeros(2, **i32)
         self.sig_slot = torch.full((R,), self.rank, **i32)
-        elem = torch.tensor([], dtype=self.dtype).element_size()
+        elem = torch.tensor([], dtype=self.out_dtype).element_size()  # of the combine rows
         if self.loopback:
-            self.combine = torch.empty(self.K, self.T_max, self.H, dtype=self.dtype, device=dev)
+            self.combine = torch.empty(self.K, self.T_max, self.H, dtype=self.out_dtype, device=dev)
             self.sig = torch.zeros(3 * R + 1, **i32)
             self.x_buf = None
             self.sig_delta = torch.zeros(R, dtype=torch.int64, device=dev)
@@ -298,7 +340,7 @@ class MoEBuffer:
             comb_delta = [0] * R
             self.combine_host = None
             if self.group.path == "host" and R > 1:
-                self.combine_host = torch.empty(self.K, self.T_max, self.H, dtype=self.dtype,
+                self.combine_host = torch.empty(self.K, self.T_max, self.H, dtype=self.out_dtype,
                                                 pin_memory=dev.type == "cuda")
                 d = (self.combine_host.data_ptr() - self.combine.data_ptr()) // elem
                 comb_delta = [0] + [d] * (R - 1)
@@ -315,12 +357,16 @@ class MoEBuffer:
         self.ctx = create_context(self.group, path="peer", device=dev, timeout_ns=self.timeout_ns)
         x = self.ctx.alloc("moe_x", (self.T_max, self.H), self.dtype)
         idx = self.ctx.alloc("moe_topk_idx", (self.T_max, self.K), torch.int64)
-        comb = self.ctx.alloc("moe_combine", (self.K, self.T_max, self.H), self.dtype)
+        comb = self.ctx.alloc("moe_combine", (self.K, self.T_max, self.H), self.out_dtype)
+        if self.fp8:
+            xs = self.ctx.alloc("moe_x_scale", (self.T_max, self.H // FP8_BLOCK), torch.float32)
+            self.x_scale_buf = xs.local
+            self.xs_delta = ((xs.ptrs - xs.ptrs[self.rank]) // 4).contiguous()
         sig = self.ctx.alloc("moe_signals", (3 * R + 1,), torch.int32)
         self.x_buf, self.combine, self.sig = x.local, comb.local, sig.local
         self.idx_buf, self.idx_peers = idx.local, idx.peers
         self.err = self.ctx.error
-        self.x_delta = ((x.ptrs - x.ptrs[self.rank]) // elem).contiguous()
+        self.x_delta = ((x.ptrs - x.ptrs[self.rank]) // x.local.element_size()).contiguous()
         self.comb_delta = ((comb.ptrs - comb.ptrs[self.rank]) // elem).contiguous()
         self.sig_delta = ((sig.ptrs - sig.ptrs[self.rank]) // 4).contiguous()
         self.read_delta = torch.zeros(R, dtype=torch.int64, device=dev)

@@ -63,18 +63,48 @@ def _check_tensor(name, t, shape, dtypes, device):
         raise InputError(f"{name}: must be contiguous")
 
 
+def _pair(value, name: str, buf: MoEBuffer):
+    """(data, scale) of an FP8 argument given as a pair; (value, None) otherwise. A pair on a buffer
+    that is not FP8, or a lone FP8 weight, is refused before any launch."""
+    if isinstance(value, (tuple, list)):
+        if not buf.fp8:
+            raise InputError(f"{name}: a (data, scale) pair needs an FP8 buffer (MoEBuffer(dtype='fp8')); this one "
+                             f"is {buf.dtype}")
+        if len(value) != 2:
+            raise InputError(f"{name}: expected (data, {name}_scale), got {len(value)} items")
+        return value[0], value[1]
+    if buf.fp8 and name != "x":
+        raise InputError(f"{name}: an FP8 buffer takes ({name}, {name}_scale) as transform_weights returns them")
+    return value, None
+
+
 def validate_inputs(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, check_range: bool = True) -> None:
-    """Raise `InputError` naming the argument and the constraint it violates."""
+    """Raise `InputError` naming the argument and the constraint it violates. On an FP8 buffer `x` is
+    BF16 `[T, H]` (quantized by `fused_moe`) or a pair `(x_fp8, x_scale)`, and `w1t`, `w2` are the
+    pairs of `transform_weights`."""
+    x, x_scale = _pair(x, "x", buf)
+    w1t, w1_scale = _pair(w1t, "w1t", buf)
+    w2, w2_scale = _pair(w2, "w2", buf)
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise InputError(f"x: expected a 2-d tensor [tokens, hidden], got {getattr(x, 'shape', x)}")
     T = x.shape[0]
     if T > buf.T_max:
         raise InputError(f"x: {T} tokens exceed the buffer capacity num_max_tokens_per_rank={buf.T_max}")
-    _check_tensor("x", x, (T, buf.H), (buf.dtype,), buf.device)
+    if buf.fp8:
+        n_h, n_i = buf.H // 128, buf.I // 128
+        _check_tensor("x", x, (T, buf.H), (buf.dtype,) if x_scale is not None else (buf.out_dtype,), buf.device)
+        if x_scale is not None:
+            _check_tensor("x_scale", x_scale, (T, n_h), (torch.float32,), buf.device)
+        _check_tensor("w1t", w1t, (buf.E_local, 2 * buf.I, buf.H), (buf.dtype,), buf.device)
+        _check_tensor("w1t_scale", w1_scale, (buf.E_local, 2 * n_i, n_h), (torch.float32,), buf.device)
+        _check_tensor("w2", w2, (buf.E_local, buf.H, buf.I), (buf.dtype,), buf.device)
+        _check_tensor("w2_scale", w2_scale, (buf.E_local, n_h, n_i), (torch.float32,), buf.device)
+    else:
+        _check_tensor("x", x, (T, buf.H), (buf.dtype,), buf.device)
+        _check_tensor("w1t", w1t, (buf.E_local, 2 * buf.I, buf.H), (buf.dtype,), buf.device)
+        _check_tensor("w2", w2, (buf.E_local, buf.H, buf.I), (buf.dtype,), buf.device)
     _check_tensor("topk_idx", topk_idx, (T, buf.K), (torch.int32, torch.int64), buf.device)
-    _check_tensor("topk_weights", topk_w, (T, buf.K), (torch.float32, buf.dtype), buf.device)
-    _check_tensor("w1t", w1t, (buf.E_local, 2 * buf.I, buf.H), (buf.dtype,), buf.device)
-    _check_tensor("w2", w2, (buf.E_local, buf.H, buf.I), (buf.dtype,), buf.device)
+    _check_tensor("topk_weights", topk_w, (T, buf.K), (torch.float32, buf.out_dtype), buf.device)
     if check_range and T and bool(((topk_idx < 0) | (topk_idx >= buf.E)).any()):
         bad = topk_idx[(topk_idx < 0) | (topk_idx >= buf.E)][0].item()
         raise InputError(f"topk_idx: value {bad} out of range [0, {buf.E})")
@@ -224,9 +254,32 @@ def _operands(buf: MoEBuffer, w1t, w2) -> tuple:
             w2, desc(w2, c.block_n2))
 
 
+def _scaled(x, w1t, w2, buf: MoEBuffer) -> tuple:
+    """(x, x_scale, w1t, w1t_scale, w2, w2_scale) for the kernel. FP8 buffers take the pairs of
+    `quantize_inputs` and `transform_weights`; other buffers their tensors, with a word the kernel
+    never reads in place of each scale."""
+    if not buf.fp8:
+        return x, buf.recv_scale, w1t, buf.recv_scale, w2, buf.recv_scale
+    parts = [_pair(v, name, buf) for v, name in ((x, "x"), (w1t, "w1t"), (w2, "w2"))]
+    if parts[0][1] is None:
+        raise InputError("x: the FP8 kernel takes (x_fp8, x_scale); fused_moe quantizes BF16 x (quantize_inputs)")
+    return tuple(t for pair in parts for t in pair)
+
+
+def quantize_inputs(x, buf: MoEBuffer):
+    """`x` as the kernel takes it: on an FP8 buffer a BF16 `x` is quantized 1x128
+    (`xstage.moe.fp8.quantize_activations`) and a pair `(x_fp8, x_scale)` passes; else `x` itself."""
+    if not buf.fp8 or isinstance(x, (tuple, list)):
+        return x
+    from xstage.moe.fp8 import quantize_activations
+
+    return quantize_activations(x)
+
+
 def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = None, wait: bool = True,
                 trace: torch.Tensor | None = None, compile_only: bool = False):
     """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
+    On an FP8 buffer `x`, `w1t` and `w2` are (data, scale) pairs (`quantize_inputs`, `transform_weights`).
 
     `trace` (int64 `[num_tasks, 3]`, optional) receives each task's `%globaltimer` after its
     dependency wait, after its last store, and the CTA that ran it; row g for the task at position g
@@ -238,20 +291,23 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
         raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 3] on {buf.device}, "
                          f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
     c = buf.cfg
+    x, x_scale, w1t, w1_scale, w2, w2_scale = _scaled(x, w1t, w2, buf)
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     opts = {} if interpreter_active() else dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    if not buf.loopback:  # peers pull the rows (and their scales) from the symmetric copies
+        x, x_scale = buf.x_buf, (buf.x_scale_buf if buf.fp8 else x_scale)
     args = (
         p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
-        x if buf.loopback else buf.x_buf, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
+        x, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
         buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, buf.pool_units, timeout_ns, max_spins,
-        *pacing_args(p.pacing),
+        *pacing_args(p.pacing), x_scale, buf.xs_delta, buf.recv_scale, w1_scale, buf.act_scale, w2_scale,
     )
     consts = dict(
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
         STAGE_SLOT=STAGE_POOL_SLOT,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, WAIT=wait, USE_PTX=use_ptx,
+        TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, FP8=buf.fp8, WAIT=wait, USE_PTX=use_ptx,
         TRACE=trace is not None, **opts,
     )
     grid = (p.schedule.num_ctas,)
@@ -313,7 +369,8 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
     sched = make_schedule("expert_wave", [0], num_ctas(buf), buf.I // buf.cfg.block_n1, n2)
     p = _Plan(lay, sched, buf.device, buf.cfg.dynamic, pacing=pacing)
     launch_main(x, w1t, w2, buf, p, timeout_ns, compile_only=True)
-    launch_reduce(topk_idx, topk_w, torch.empty_like(x), buf, timeout_ns, compile_only=True)
+    y = torch.empty(topk_idx.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
+    launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, compile_only=True)
     buf._plans[key] = True
 
 
@@ -328,6 +385,10 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
               timeout_ns: int | None = None, check: bool = True, static: bool = False,
               pacing="buffer") -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
+
+    FP8 (a buffer with `dtype="fp8"`): `x` is BF16 `[T, H]`, quantized here 1x128, or a pre-quantized
+    pair `(x_fp8, x_scale)` (`x_scale` float32 `[T, H/128]`); `w1t` and `w2` are the `(weights,
+    scales)` pairs of `transform_weights`; `y` is BF16.
 
     `check=True` validates inputs (one host sync for the expert-id range) and raises
     `CommTimeoutError` after the kernels if a wait timed out (another sync). `static=True` with
@@ -348,16 +409,20 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
             buf.ctx.refuse(str(exc).split(":", 1)[0])
             raise InputError(f"rank {buf.rank}: {exc}") from None
         raise
+    x = quantize_inputs(x, buf)
+    rows = x[0] if buf.fp8 else x
     if not buf.loopback:
-        tokens = buf.T_max if static else int(x.shape[0])
+        tokens = buf.T_max if static else int(rows.shape[0])
         _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf,
                     call_pacing(pacing, buf, tokens, num_ctas(buf), schedule), timeout_ns)
-        buf.x_buf[: x.shape[0]].copy_(x)
+        buf.x_buf[: rows.shape[0]].copy_(rows)
+        if buf.fp8:
+            buf.x_scale_buf[: rows.shape[0]].copy_(x[1])
         buf.idx_buf.fill_(-1)
-        buf.idx_buf[: x.shape[0]].copy_(topk_idx)
+        buf.idx_buf[: rows.shape[0]].copy_(topk_idx)
         buf.barrier()
     p = static_plan(topk_idx, buf, schedule, pacing) if static else plan(topk_idx, buf, schedule, pacing=pacing)
-    y = torch.empty_like(x)
+    y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
     if check:
         buf.check()

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from xstage.comm.device import fence_proxy_async, globaltimer, wait_acquire
 from xstage.comm.pacing import pace_stores
+from xstage.moe.kernels_fp8 import SCALE_BLOCK, _linear1_fp8, _linear2_fp8_acc
 
 
 @triton.jit
@@ -71,7 +72,8 @@ def wait_geq(p_flag, target, p_err, code, timeout_ns, max_spins, SCOPE: tl.const
 
 @triton.jit
 def _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H,
-              BM: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr):
+              p_x_scale, p_xs_delta, p_recv_scale,
+              BM: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, FP8: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     b_src = tl.load(p_row_src + row0 + o_m, mask=m_m, other=0)  # [BM]
@@ -83,6 +85,13 @@ def _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready,
         o_d = h + tl.arange(0, BD)
         b_x = tl.load(p_x + o_src[:, None] + o_d[None, :], mask=m_m[:, None])  # [BM, BD]
         tl.store(p_recv + o_dst[:, None] + o_d[None, :], b_x, mask=m_m[:, None])
+    if FP8:
+        # The rows' 1x128 scales cross with them (float32 [rows, H/128] beside the e4m3 rows).
+        n_s = H // SCALE_BLOCK
+        o_ss = tl.load(p_xs_delta + b_src // T_STRIDE, mask=m_m, other=0) + (b_src % T_STRIDE).to(tl.int64) * n_s
+        o_sd = (prow + o_m).to(tl.int64) * n_s
+        for j in range(0, n_s):
+            tl.store(p_recv_scale + o_sd + j, tl.load(p_x_scale + o_ss + j, mask=m_m), mask=m_m)
     if TMA:
         fence_proxy_async(USE_PTX)  # LINEAR1 reads these rows through TMA (the async proxy)
     tl.debug_barrier()
@@ -130,14 +139,17 @@ def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
 @triton.jit
 def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
              p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
+             p_act_scale, p_w2_scale,
              STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
-             PACED: tl.constexpr, USE_PTX: tl.constexpr):
+             PACED: tl.constexpr, FP8: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
     m_n = o_n < H
     b_acc = tl.zeros([BM, BN2], dtype=tl.float32)
-    if TMA:
+    if FP8:
+        b_acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act_scale, p_w2, p_w2_scale, H, I, BM, BN2, BK)
+    elif TMA:
         w_row = e * H + nb * BN2  # columns past H read the next expert's rows; the store masks them
         for k in range(0, I, BK):
             b_acc = tl.dot(d_act.load([prow, k]), d_w2.load([w_row, k]).T, b_acc)
@@ -172,10 +184,12 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
 def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
               p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
               pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
+              p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale,
               STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, STAGE_SLOT: tl.constexpr,
               TASK_COLS: tl.constexpr,
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
-              TMA: tl.constexpr, PACED: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr):
+              TMA: tl.constexpr, PACED: tl.constexpr, FP8: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr,
+              TRACE: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -201,15 +215,19 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
         if TRACE:
             t_go = globaltimer(USE_PTX)
         if kind == 0:
-            _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H, BM, BD,
-                      TMA, USE_PTX)
+            _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready, T_STRIDE, H,
+                      p_x_scale, p_xs_delta, p_recv_scale, BM, BD, TMA, FP8, USE_PTX)
         elif kind == 1:
-            _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
-                     TMA, USE_PTX)
+            if FP8:
+                _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_scale,
+                             p_ready, H, I, BM, BN1, BK)
+            else:
+                _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
+                         TMA, USE_PTX)
         else:
             _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
                      p_comb_delta, p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
-                     max_spins, STAGE_PACE, BM, BN2, BK, TMA, PACED, USE_PTX)
+                     max_spins, p_act_scale, p_w2_scale, STAGE_PACE, BM, BN2, BK, TMA, PACED, FP8, USE_PTX)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
             # recorded with the CTA at the task's position in the global order.
@@ -227,11 +245,12 @@ def moe_main_kernel(
     p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1, p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta,
     p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace, p_pace,
     rank, num_ranks, T_STRIDE, H, I, pool_units, timeout_ns, max_spins, pace_fs, pace_budget_ns,
+    p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale,
     STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr, STAGE_PACE: tl.constexpr,
     STAGE_SLOT: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
-    WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
+    FP8: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -250,17 +269,19 @@ def moe_main_kernel(
         while ti < n_tasks:
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
-                      pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins, STAGE_L1,
+                      pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
+                      p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
                       STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
-                      pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins, STAGE_L1,
+                      pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
+                      p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
                       STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, WAIT, USE_PTX, TRACE)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:

@@ -31,8 +31,27 @@ import torch
 from xstage.errors import InputError
 
 
-def transform_weights(l1: torch.Tensor, l2: torch.Tensor, block_n1: int):
-    """`(l1 [E, 2I, H], l2 [E, H, I])` -> the fused kernel's layout (gate/up interleaved by block)."""
+def transform_weights(l1: torch.Tensor, l2: torch.Tensor, block_n1: int, l1_scale: torch.Tensor | None = None,
+                      l2_scale: torch.Tensor | None = None):
+    """`(l1 [E, 2I, H], l2 [E, H, I])` -> the fused kernel's layout (gate/up interleaved by block).
+
+    FP8 weights (`float8_e4m3fn`, DeepSeek-V3 layout) come with their 128x128 scales `l1_scale [E,
+    2I/128, H/128]` and `l2_scale [E, H/128, I/128]`, need `block_n1` = 128, and give the pairs
+    `((w1t, w1t_scale), (w2, w2_scale))` that `fused_moe` takes on an FP8 buffer; the scale rows are
+    interleaved like the weight rows."""
+    if isinstance(l1, torch.Tensor) and l1.dtype == torch.float8_e4m3fn or l1_scale is not None:
+        from xstage.moe.fp8 import BLOCK, check_fp8_moe_weights
+
+        if l1_scale is None or l2_scale is None:
+            raise InputError("l1_scale, l2_scale: FP8 weights need both 128x128 scale tensors")
+        check_fp8_moe_weights(l1, l1_scale, l2, l2_scale)
+        if block_n1 != BLOCK:
+            raise InputError(f"block_n1={block_n1}: must be {BLOCK} with FP8 weights (one scale block per tile)")
+        w1t, w2 = transform_weights(l1.view(torch.uint8), l2.view(torch.uint8), block_n1)
+        s1t, s2 = transform_weights(l1_scale, l2_scale, 1)  # one scale row per 128 weight rows
+        return (w1t.view(l1.dtype), s1t), (w2.view(l2.dtype), s2)
+    if l2_scale is not None:
+        raise InputError("l2_scale: only goes with FP8 weights and l1_scale")
     if l1.dim() != 3 or l2.dim() != 3:
         raise InputError(f"l1, l2: expected 3-d [E, 2I, H] and [E, H, I], got {tuple(l1.shape)}, {tuple(l2.shape)}")
     e, two_i, h = l1.shape

@@ -1,0 +1,139 @@
+"""The fused MoE layer on an FP8 buffer under Triton's interpreter: e4m3 rows and weights with the
+DeepSeek-V3 scales, against the FP8-emulating reference (`xstage.moe.fp8.reference_moe_fp8`)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from xstage.errors import InputError
+from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
+from xstage.moe.fp8 import FP8, expert_mlp_fp8, quantize_activations, quantize_weights, reference_moe_fp8
+
+CFG = BlockConfig(block_m=16, block_n1=128, block_n2=64, block_k=128, block_d=128, tma=False)
+SCHEDULES = ["expert_wave", "interleaved", "lag:1"]
+TOL = 1e-2  # the issue's accuracy target: max |y - ref| / max |ref|
+
+
+def _problem(T, E, K, H, I, R, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(T, H, generator=g) * 10.0 ** (torch.rand(T, 1, generator=g) * 2 - 1)).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g)
+    l1, s1 = quantize_weights(torch.randn(E // R, 2 * I, H, generator=g) * H**-0.5)
+    l2, s2 = quantize_weights(torch.randn(E // R, H, I, generator=g) * I**-0.5)
+    return x, idx, w, (l1, s1, l2, s2)
+
+
+def _reference(x, idx, w, weights, R):
+    """Rank 0 of a loopback group: every rank holds the same local experts, so expert e computes with
+    local expert e % E_local (`xstage.moe.reference.loopback_inputs`)."""
+    return reference_moe_fp8(x, idx, w, *(t.repeat(R, 1, 1) for t in weights)).double()
+
+
+def _rel_err(y, ref):
+    return float((y.double() - ref).abs().max() / ref.abs().max())
+
+
+def _within_bf16_rounding(y, x, idx, w, weights, R, ulp):
+    """|y - ref| <= ulp x (sum_k w_k |c_k| + |ref|): the combine rows c_k and y are each rounded to BF16
+    once, in the reference by round-to-nearest, in the kernel by the platform's cast (Triton's
+    interpreter does not round fp32 -> bf16 to nearest: up to one ulp, 2^-7 relative; the GPU half
+    an ulp, 2^-8). Every other step matches the reference bit for bit (same quantization)."""
+    ref = _reference(x, idx, w, weights, R)
+    l1, s1, l2, s2 = (t.repeat(R, 1, 1) for t in weights)
+    x8, xs = quantize_activations(x)
+    mag = torch.zeros_like(ref)
+    for k in range(idx.shape[1]):
+        for e in idx[:, k].unique().tolist():
+            t = torch.nonzero(idx[:, k] == e).flatten()
+            c = expert_mlp_fp8(x8[t], xs[t], l1[e], s1[e], l2[e], s2[e]).double()
+            mag[t] += w[t, k, None].double() * c.abs()
+    bound = ulp * (mag + ref.abs()) + 1e-6 * float(ref.abs().max())
+    return bool(((y.double() - ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("T,E,K,H,I,R,path", [(11, 4, 2, 256, 256, 2, "hbm"), (7, 8, 3, 384, 128, 4, "host"),
+                                              (9, 2, 2, 128, 256, 1, "hbm")],
+                         ids=["T11-E4-K2-H256-I256-R2-hbm", "T7-E8-K3-H384-I128-R4-host", "T9-E2-K2-H128-I256-R1"])
+def test_fp8_layer_matches_the_fp8_reference_and_schedules_are_bitwise_equal(T, E, K, H, I, R, path):
+    x, idx, w, weights = _problem(T, E, K, H, I, R, seed=T + E)
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R, path=path), device="cpu", dtype="fp8", config=CFG)
+    l1, s1, l2, s2 = weights
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1, s1, s2)
+    ref = _reference(x, idx, w, weights, R)
+    outs = {}
+    for s in SCHEDULES:
+        buf.combine.fill_(float("nan"))  # a combine row nobody wrote poisons y
+        outs[s] = fused_moe(x, idx, w, w1t, w2, buf, schedule=s)
+        assert outs[s].dtype == torch.bfloat16 and not bool(outs[s].isnan().any())
+        assert _rel_err(outs[s], ref) <= 2 * TOL, s  # the interpreter's BF16 cast: see _within_bf16_rounding
+        assert _within_bf16_rounding(outs[s], x, idx, w, weights, R, ulp=2.0**-7), s
+    for s in SCHEDULES[1:]:
+        assert torch.equal(outs[s], outs[SCHEDULES[0]]), s
+    # pre-quantized rows give the same result as BF16 rows quantized inside
+    assert torch.equal(fused_moe(quantize_activations(x), idx, w, w1t, w2, buf, schedule="lag:1"), outs["lag:1"])
+    # the check can fail: a Linear-2 weight scale 5% off
+    off = (l1, s1, l2, s2 * torch.where(torch.arange(s2.shape[1]) == 0, 1.05, 1.0)[None, :, None])
+    assert not _within_bf16_rounding(outs["lag:1"], x, idx, w, off, R, ulp=2.0**-7)
+
+
+def test_fp8_inputs_that_cannot_run_are_refused_before_any_launch():
+    T, E, K, H, I, R = 4, 4, 2, 256, 128, 2
+    x, idx, w, (l1, s1, l2, s2) = _problem(T, E, K, H, I, R, seed=3)
+    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype="fp8", config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1, s1, s2)
+    with pytest.raises(InputError, match="w1t: an FP8 buffer takes"):
+        fused_moe(x, idx, w, w1t[0], w2, buf)
+    with pytest.raises(InputError, match="w2_scale: expected shape"):
+        fused_moe(x, idx, w, w1t, (w2[0], w2[1][:, :1]), buf)
+    x8, xs = quantize_activations(x)
+    with pytest.raises(InputError, match="x_scale: expected dtype"):
+        fused_moe((x8, xs.double()), idx, w, w1t, w2, buf)
+    with pytest.raises(InputError, match="x: expected dtype"):
+        fused_moe(x.float(), idx, w, w1t, w2, buf)
+    bf16 = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype="bf16",
+                     config=dataclasses.replace(CFG, num_stages=2))
+    with pytest.raises(InputError, match="needs an FP8 buffer"):
+        fused_moe(x, idx, w, w1t, w2, bf16)
+    with pytest.raises(InputError, match="l1_scale, l2_scale"):
+        transform_weights(l1, l2, CFG.block_n1)
+    with pytest.raises(InputError, match="block_n1=64"):
+        transform_weights(l1, l2, 64, s1, s2)
+    for kw, message in ((dict(hidden=192), "hidden=192: must be a multiple of 128"),
+                        (dict(config=dataclasses.replace(CFG, block_n1=64)), "block_n1=64: must be 128"),
+                        (dict(config=dataclasses.replace(CFG, tma=True)), "tma=True")):
+        args = {**dict(num_max_tokens_per_rank=8, num_experts=E, topk=K, hidden=H, intermediate=I), **kw}
+        with pytest.raises(InputError, match=message):
+            MoEBuffer(group=LoopbackGroup(R), device="cpu", dtype=FP8, **args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp8_layer_meets_the_accuracy_targets_on_the_gpu():
+    """On the GPU the FP8 MMA keeps fewer bits than float32 inside a 128-wide K block
+    (`benchmarks/results/h200-fp8-dot/`), so the layer is held to the issue's accuracy targets: max
+    |y - ref| / max |ref| <= 1e-2 against the FP8-emulating reference, and a relative Frobenius error
+    <= 6e-2 against float32 on the dequantized weights and unquantized activations."""
+    from xstage.moe.fp8 import dequantize_weights
+
+    T, E, K, H, I, R = 96, 8, 2, 512, 384, 2
+    x, idx, w, weights = _problem(T, E, K, H, I, R, seed=5)
+    x, idx, w = x.cuda(), idx.cuda(), w.cuda()
+    weights = tuple(t.cuda() for t in weights)
+    buf = MoEBuffer(T, E, K, H, I, LoopbackGroup(R, path="hbm"), device="cuda", dtype="fp8")
+    l1, s1, l2, s2 = weights
+    w1t, w2 = transform_weights(l1, l2, buf.cfg.block_n1, s1, s2)
+    outs = {s: fused_moe(x, idx, w, w1t, w2, buf, schedule=s) for s in SCHEDULES}
+    for s in SCHEDULES[1:]:
+        assert torch.equal(outs[s], outs[SCHEDULES[0]]), s
+    y = outs[SCHEDULES[0]]
+    assert y.dtype == torch.bfloat16 and bool(torch.isfinite(y).all())
+    assert _rel_err(y, _reference(x, idx, w, weights, R)) <= TOL
+    # float32 on dequantized weights, activations unquantized
+    d1, d2 = (dequantize_weights(a, b).repeat(R, 1, 1) for a, b in ((l1, s1), (l2, s2)))
+    y32 = torch.zeros(T, H, device="cuda")
+    for k in range(K):
+        g, u = (x.float()[:, None, :] @ d1[idx[:, k]].transpose(1, 2)).squeeze(1).split(I, dim=1)
+        y32 += w[:, k, None] * ((g * torch.sigmoid(g) * u)[:, None, :] @ d2[idx[:, k]].transpose(1, 2)).squeeze(1)
+    assert float((y.float() - y32).norm() / y32.norm()) <= 6e-2
