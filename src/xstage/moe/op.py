@@ -6,6 +6,10 @@ name), has a fake implementation for tracing, and runs the host-synchronisation-
 `fused_moe` (static schedule over the buffer's unit slots; counters and signals reset themselves),
 so a captured graph can be replayed.
 
+FP8 buffers (`MoEBuffer(dtype="fp8")`): `w1t`, `w2` are the e4m3 weights of `transform_weights` with
+their scales in `w1t_scale`, `w2_scale`; `x` is BF16 (quantized inside) or e4m3 with `x_scale`; the
+output is BF16.
+
 Example (runs on a machine without a GPU too, in Triton's interpreter):
     >>> import torch
     >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, transform_weights
@@ -44,13 +48,21 @@ def get_buffer(name: str) -> MoEBuffer:
     return _BUFFERS[name]
 
 
+def _with_scale(t: torch.Tensor, scale: torch.Tensor | None):
+    return t if scale is None else (t, scale)
+
+
 @torch.library.custom_op("xstage::moe_fused", mutates_args=())
 def moe_fused(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, w1t: torch.Tensor,
-              w2: torch.Tensor, buffer_name: str, schedule: str, pacing: str = "buffer") -> torch.Tensor:
-    return fused_moe(x, topk_idx, topk_weights, w1t, w2, get_buffer(buffer_name), schedule, check=False,
-                     static=True, pacing=pacing)
+              w2: torch.Tensor, buffer_name: str, schedule: str, pacing: str = "buffer",
+              x_scale: torch.Tensor | None = None, w1t_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    return fused_moe(_with_scale(x, x_scale), topk_idx, topk_weights, _with_scale(w1t, w1t_scale),
+                     _with_scale(w2, w2_scale), get_buffer(buffer_name), schedule, check=False, static=True,
+                     pacing=pacing)
 
 
 @moe_fused.register_fake
-def _(x, topk_idx, topk_weights, w1t, w2, buffer_name, schedule, pacing="buffer"):
-    return torch.empty_like(x)
+def _(x, topk_idx, topk_weights, w1t, w2, buffer_name, schedule, pacing="buffer", x_scale=None, w1t_scale=None,
+      w2_scale=None):
+    return x.new_empty(x.shape, dtype=get_buffer(buffer_name).out_dtype)
