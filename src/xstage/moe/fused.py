@@ -8,6 +8,8 @@ Algorithm: (1) routing layout of the rows this rank receives, from every rank's 
 dispatch, Linear-1 + SwiGLU, Linear-2 with the combine pushed from its epilogue, a completion signal
 to every peer; (4) `moe_reduce_kernel`: wait for every peer, top-k weighted sum. At equal block sizes
 every schedule computes each tile with the same code and K order, so outputs are bitwise identical.
+An FP8 buffer (`MoEBuffer(dtype="fp8")`) runs the same steps on e4m3 rows and weights with their
+DeepSeek-V3 scales (`x` quantized 1x128 first, `quantize_inputs`) and returns BF16.
 
 Example (on a machine without a GPU, run with TRITONinterpreter_active()=1 set before import):
     >>> import torch

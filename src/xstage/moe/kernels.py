@@ -16,6 +16,9 @@ readiness counter orders the plain stores that produced them with those loads. T
   peer-relative offsets): the remote-store burst. With store pacing on (`MoEBuffer.pacing`) the
   tile first waits until its remote bytes fit the pacing budget (`xstage.comm.pacing`). Then it
   releases the readiness counter once more: after all `n2` slabs the slot is free.
+With `FP8` (an FP8 buffer) the rows and activations are e4m3: DISPATCH also moves each row's 1x128
+scales, LINEAR1 and LINEAR2 run the block-scaled tile functions of `xstage.moe.kernels_fp8` (LINEAR1
+requantizes its SwiGLU output 1x128), and the combine rows stay BF16.
 The readiness counter of a unit thus counts 1 dispatch, `n1` LINEAR1 and `n2` LINEAR2 tasks.
 The last CTA to finish raises this rank's completion count on every peer (release, system scope).
 `moe_reduce_kernel` waits for every peer's completion, forms `y[t] = sum_k w[t,k] combine[k,t]`,
