@@ -137,3 +137,21 @@ def test_fp8_layer_meets_the_accuracy_targets_on_the_gpu():
         g, u = (x.float()[:, None, :] @ d1[idx[:, k]].transpose(1, 2)).squeeze(1).split(I, dim=1)
         y32 += w[:, k, None] * ((g * torch.sigmoid(g) * u)[:, None, :] @ d2[idx[:, k]].transpose(1, 2)).squeeze(1)
     assert float((y.float() - y32).norm() / y32.norm()) <= 6e-2
+
+
+def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
+    from xstage.sched.costs import load_default_costs
+    from xstage.sched.moe import moe_work
+    from xstage.sched.plan import _buffer_config
+
+    kw = dict(num_max_tokens_per_rank=1024, num_experts=64, topk=4, hidden=1024, intermediate=512,
+              group=LoopbackGroup(8, path="host"), device="cpu")
+    fp8 = _buffer_config(MoEBuffer(dtype="fp8", **kw), 1024)
+    same_blocks = dataclasses.replace(MoEBuffer(dtype="fp8", **kw).cfg, num_stages=2)  # bf16 tiles take 2x the bytes
+    bf16 = _buffer_config(MoEBuffer(dtype="bf16", config=same_blocks, **kw), 1024)
+    assert (fp8.elem_bytes, fp8.store_elem_bytes, bf16.elem_bytes, bf16.store_elem_bytes) == (1, 2, 2, 2)
+    work = {c.elem_bytes: moe_work(c, "lag:1", load_default_costs("moe"), 8).all_tasks() for c in (fp8, bf16)}
+    # the same remote bytes (BF16 combine rows), and GEMM tiles no slower with 1-byte operands
+    assert sum(t.store_bytes for t in work[1]) == sum(t.store_bytes for t in work[2]) > 0
+    gemm = {e: sum(t.compute_ns for t in w if t.kind in ("linear1", "linear2")) for e, w in work.items()}
+    assert gemm[1] < gemm[2]

@@ -47,10 +47,16 @@ class MoeConfig:
     block_n1: int = _BLOCK.block_n1
     block_n2: int = _BLOCK.block_n2
     block_k: int = _BLOCK.block_k
-    elem_bytes: int = 2
+    elem_bytes: int = 2  # operands: rows, activations, weights (1 on an FP8 buffer)
     dynamic: bool = _BLOCK.dynamic  # CTAs take tasks from the global order when free
     # Units of block_m rows the kernel's row pool holds (`MoEBuffer.pool_units`); None: every unit.
     pool_units: int | None = None
+    # Combine rows (the remote stores); 0: as `elem_bytes`. An FP8 buffer's combine rows are BF16 (2).
+    out_elem_bytes: int = 0
+
+    @property
+    def store_elem_bytes(self) -> int:
+        return self.out_elem_bytes or self.elem_bytes
 
     def __post_init__(self):
         require_positive_ints(self, ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep",
@@ -188,7 +194,7 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
                 deps = tuple(name(LINEAR1, u, j) for j in range(n1))
             stores = {}
             if kind == LINEAR2 and remote_share > 0:
-                stores = {REMOTE: int(round(store_rows * n_cols * cfg.elem_bytes * remote_share))}
+                stores = {REMOTE: int(round(store_rows * n_cols * cfg.store_elem_bytes * remote_share))}
             out.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind],
                             mem_share=kind_share[kind]))
         return out

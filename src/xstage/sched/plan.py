@@ -141,7 +141,10 @@ def _buffer_config(buf, tokens_per_rank: int) -> MoeConfig:
     return MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
                      tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
                      block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic,
-                     pool_units=buf.pool_units)
+                     pool_units=buf.pool_units,
+                     # the tile costs are traced with 2-byte operands; an FP8 buffer's tiles take the tile
+                     # model's rates for 1-byte operands (not yet traced), its combine rows stay BF16
+                     **(dict(elem_bytes=1, out_elem_bytes=2) if buf.fp8 else {}))
 
 
 def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,
