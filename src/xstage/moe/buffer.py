@@ -61,6 +61,7 @@ from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import CommTimeoutError, InputError
+from xstage.moe.fp8 import BLOCK as FP8_BLOCK  # the DeepSeek-V3 scale block
 from xstage.moe.pacing import AUTO, resolve_pacing
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
@@ -86,7 +87,6 @@ SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
 
 
 MIN_GEMM_BLOCK = 16  # the smallest tile extent `tl.dot` takes
-FP8_BLOCK = 128  # DeepSeek-V3 scale block (`xstage.moe.fp8.BLOCK`)
 
 
 def _is_int(v) -> bool:

@@ -37,6 +37,7 @@ from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe import kernels
 from xstage.moe.buffer import (
+    FP8_BLOCK,
     STAGE_BUFFER_FREE,
     STAGE_COMBINE_DONE,
     STAGE_L1_WAIT,
@@ -93,7 +94,7 @@ def validate_inputs(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, check_range: b
     if T > buf.T_max:
         raise InputError(f"x: {T} tokens exceed the buffer capacity num_max_tokens_per_rank={buf.T_max}")
     if buf.fp8:
-        n_h, n_i = buf.H // 128, buf.I // 128
+        n_h, n_i = buf.H // FP8_BLOCK, buf.I // FP8_BLOCK
         _check_tensor("x", x, (T, buf.H), (buf.dtype,) if x_scale is not None else (buf.out_dtype,), buf.device)
         if x_scale is not None:
             _check_tensor("x_scale", x_scale, (T, n_h), (torch.float32,), buf.device)
