@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
 # Usage (repository root): XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/moe_gpu.sh \
-#   [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid]   (results under $OUT or benchmarks/results)
+#   [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid] [fp8ep1] [fp8cal] [fp8grid]
+#   (results under $OUT or benchmarks/results)
 set -u
 if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
   echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
@@ -45,6 +46,17 @@ for step in $steps; do
     pace)  # store pacing: schedules x pacings at the link-heavy configurations (EP 2-4, 4096 and 16384 tokens)
       timeout "${PACE_S:-240}" python3 -u -m xstage bench moe -o "${PACE_DIR:-${OUT:-benchmarks/results}/h200-moe-pacing}" \
         --only ep=2,4 --only tokens=4096,16384 --schedules "$PACE_VARIANTS" --warmup 2 --rep 10 2>&1 | tail -40 ;;
+    fp8ep1)  # EP=1 in both dtypes, back to back per configuration: fused FP8 vs chain_fp8 and vs fused BF16
+      timeout "${FP8EP1_S:-200}" python3 -u -m xstage bench moe -o "${OUT:-benchmarks/results}/h200-moe-fp8/ep1" \
+        --only ep=1 --dtype bf16,fp8 --schedules "${FP8EP1_SCHEDULES:-expert_wave,lag:8}" --warmup 3 --rep 15 \
+        2>&1 | tail -45 ;;
+    fp8cal)  # FP8 tile costs (the buffer's default FP8 tiles) on the two calibration shapes
+      timeout "${FP8CAL_S:-120}" python3 -u -m xstage plan calibrate --dtype fp8 \
+        -o "${OUT:-benchmarks/results}/h200-moe-fp8/tiles" --shapes "${FP8CAL_SHAPES:-H4096-I2048-E256-K6,H1152-I4608-E8-K2}" \
+        --tokens 1024,4096,16384 2>&1 | tail -20 ;;
+    fp8grid)  # the 84 host configurations in both dtypes, the planner's 7 schedules at the default pacing
+      timeout "${FP8GRID_S:-540}" python3 -u -m xstage bench moe -o "${OUT:-benchmarks/results}/h200-moe-fp8/grid" \
+        --only ep=2,4,8 --dtype bf16,fp8 --budget-s "${FP8GRID_BUDGET_S:-470}" --warmup 2 --rep 10 2>&1 | tail -30 ;;
     grid) timeout "${GRID_S:-250}" python3 -u -m xstage bench moe -o "${GRID_DIR:-$OUT_DIR}" --budget-s "${GRID_BUDGET_S:-200}" \
             --warmup 3 --rep 10 ${GRID_ARGS:-} 2>&1 | tail -60 ;;
   esac

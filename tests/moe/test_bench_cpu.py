@@ -63,3 +63,44 @@ def test_parse_block_reads_variant_flags_and_fits_bn2():
     for bad in ("64:128:256:64:4", "64:128:256:64:4:3:x", "a:128:256:64:4:3"):
         with pytest.raises(InputError, match="block"):
             parse_block(bad, 4096)
+
+
+def test_fp8_rows_carry_dtype_accuracy_and_link_bound_and_get_their_summary(tmp_path):
+    # Both dtypes of one configuration in one file, as `--dtype bf16,fp8` writes them.
+    writer = ResultWriter(tmp_path / "moe.csv", COLUMNS, KEYS, env={"gpu": "none"})
+    cfg8 = BlockConfig(block_m=16, block_n1=128, block_n2=128, block_k=128, block_d=128, tma=False)
+    cfg16 = BlockConfig(block_m=16, block_n1=32, block_n2=64, block_k=32, block_d=64, tma=False)
+    for dtype, cfg in (("bf16", cfg16), ("fp8", cfg8)):
+        row = dict(shape=(256, 128, 4, 2), tokens=8, ep=2, config=cfg, device="cpu", dtype=dtype)
+        run_config(row, "host", ("expert_wave", "lag:1"), writer, warmup=0, rep=1, log=lambda m: None)
+    rows = read_rows(tmp_path / "moe.csv")
+    assert [(r["dtype"], r["variant"]) for r in rows] == [
+        ("bf16", "expert_wave"), ("bf16", "lag:1"), ("bf16", "unfused"),
+        ("fp8", "expert_wave"), ("fp8", "lag:1"), ("fp8", "unfused")]
+    fp8 = [r for r in rows if r["dtype"] == "fp8" and r["variant"] != "unfused"]
+    for r in fp8:
+        # Against the FP8-emulating reference on the same rows, and the float32 one (the recipe's ~4%).
+        assert float(r["err_fp8_ref"]) <= 1e-2 and 0 < float(r["fro_f32"]) <= 6e-2
+        # The BF16 pipeline differs by the activations' quantization: more than the FP8 reference does.
+        assert float(r["max_err"]) > float(r["err_fp8_ref"])
+    assert all(r["err_fp8_ref"] == "" for r in rows if r["dtype"] == "bf16")
+    # 2 ranks: half of the rows rank 0 computes come from its peer, on average; their BF16 bytes at the
+    # host profile's drain rate (55.4 GB/s) bound what faster compute can save.
+    r = fp8[0]
+    remote = int(r["remote_rows"])
+    assert 0 < remote < int(r["rows"]) * 2
+    assert float(r["combine_link_ns"]) == pytest.approx(remote * 256 * 2 / 55.44e9 * 1e9, rel=1e-3)
+    summary = summarize(tmp_path)
+    assert set(summary) == {"host", "host:fp8"} and summary["host:fp8"]["lag:1"]["configs"] == 1
+    text = (tmp_path / "summary.md").read_text()
+    assert "## Path `host`, fp8" in text and "## FP8 over BF16, EP > 1" in text and "## FP8 accuracy" in text
+    t16 = {r["variant"]: float(r["time_ns"]) for r in rows if r["dtype"] == "bf16"}
+    t8 = {r["variant"]: float(r["time_ns"]) for r in rows if r["dtype"] == "fp8"}
+    assert f"| lag:1 | 1 | {t16['lag:1'] / t8['lag:1']:.3f} |" in text
+
+
+def test_fp8_chain_refuses_without_a_gpu():
+    row = dict(shape=(256, 128, 4, 2), tokens=8, ep=1, device="cpu", dtype="fp8",
+               config=BlockConfig(block_m=16, block_n1=128, block_n2=128, block_k=128, block_d=128, tma=False))
+    with pytest.raises(InputError, match="CUDA GPU with FP8 tensor cores"):
+        run_config(row, "host", ("expert_wave",), None, warmup=0, rep=1, log=lambda m: None)

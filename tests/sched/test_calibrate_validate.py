@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,19 @@ def test_validation_predicts_paced_variants_with_the_pacing_bucket():
     assert bare[0]["predicted_ns"] == pytest.approx(unpaced)
     with pytest.raises(InputError, match="pacing"):
         validate_moe(rows, SLOW_PATH, COSTS, default_pacing="fast")
+
+
+def test_fp8_rows_are_simulated_with_one_byte_operands_and_bf16_combine_rows():
+    cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
+    rows = [_row(cfg, "lag:1@off", 1e6), {**_row(cfg, "lag:1@off", 1e6), "dtype": "fp8"}]
+    out, summary = validate_moe(rows, SLOW_PATH, COSTS, candidates=("lag:1",))
+    bf16, fp8 = (o["predicted_ns"] for o in out)
+    want = simulate_kernel(moe_work(dataclasses.replace(cfg, elem_bytes=1, out_elem_bytes=2), "lag:1", COSTS, 8),
+                           {"remote": remote_path(SLOW_PATH)}).time_ns
+    assert fp8 == pytest.approx(want) and fp8 != pytest.approx(bf16)
+    assert [o["dtype"] for o in out] == ["bf16", "fp8"]
+    # The two dtypes are separate configurations for the pick accuracy.
+    assert summary["fully_measured"] == 2
 
 
 @pytest.mark.gpu

@@ -64,8 +64,8 @@ def _moe_csv(path, rows):
 
 
 def _moe_rows():
-    return [_row(CFG, "expert_wave", 2.0e5), _row(CFG, "lag:1", 1.9e5), _row(CFG, "lag:1@off", 1.8e5),
-            _row(CFG, "unfused", 3.0e5)]
+    return [{**_row(CFG, v, t), "dtype": "bf16"} for v, t in (("expert_wave", 2.0e5), ("lag:1", 1.9e5),
+                                                              ("lag:1@off", 1.8e5), ("unfused", 3.0e5))]
 
 
 def _ulysses_rows():
@@ -117,6 +117,7 @@ def test_plot_writes_exactly_the_path_it_reports(tmp_path, capsys):
     (["--pacing", "fast"], ("--pacing fast",)),
     (["--candidates", "lag:x"], ("--candidates", "lag:x")),
     (["--candidates", "model_guided"], ("--candidates", "model_guided", "per call")),
+    (["--dtype", "fp16"], ("--dtype", "'fp16'", "bf16", "fp8")),
 ])
 def test_plan_moe_numbers_are_one_line_errors(capsys, extra, needles):
     _fails(capsys, [*MOE, *extra], *needles)
@@ -178,6 +179,7 @@ def test_plan_moe_api_refuses_unrunnable_blocks_and_ctas():
     ("ctas", "", ("line 3", "column ctas")),
     ("block", "64x64", ("line 3", "column block", "BMxBN1xBN2xBK")),
     ("path", "pcie", ("line 3", "column path", "'pcie'")),
+    ("dtype", "fp4", ("line 3", "column dtype", "'fp4'", "bf16")),
     ("time_p90_ns", "nan", ("line 3", "column time_p90_ns", "finite")),
 ])
 def test_validate_refuses_bad_moe_rows_naming_file_line_and_column(tmp_path, capsys, column, value, needles):

@@ -12,6 +12,16 @@ path (rows for peers cross PCIe into pinned memory) and records, per variant:
 - `chain` (EP=1): only the compute chain grouped_mm -> SwiGLU -> grouped_mm on pre-sorted rows.
 `tflops` counts 6 * rows * H * I. `speedup` is `expert_wave` time over the variant's time.
 
+`--dtype bf16,fp8` measures each configuration once per dtype, back to back (column `dtype`). With
+`fp8` the fused kernel runs on an FP8 buffer from pre-quantized `(x_fp8, x_scale)` and 128x128
+block-scaled weights; `unfused` and `chain` stay the BF16 pipeline on the weights the FP8 ones were
+quantized from, and EP=1 adds `chain_fp8` (`xstage.moe.baseline.ChainFP8`: eager quantization and
+`torch._scaled_grouped_mm`, the issue's FP8 baseline). FP8 rows carry two accuracy columns, from
+references on the same sorted rows (`fp8_errors`): `err_fp8_ref` (max|y - ref| / max|ref| against
+the FP8-emulating reference) and `fro_f32` (relative Frobenius error against float32 on the
+dequantized weights with unquantized activations). `combine_link_ns` is the time the rows for peers'
+BF16 combine bytes need at the path profile's drain rate: the bound on what FP8 compute can save.
+
 Example (a slice, GPU):
     xstage bench moe -o benchmarks/results/h200-moe --only shape=H4096-I2048-E256-K6 --only tokens=4096
 """
@@ -26,8 +36,10 @@ import torch
 
 from xstage.bench.commands import add_grid_options
 from xstage.bench.moe_summary import summarize
+from xstage.dtypes import DTYPES as DTYPE_MAP
+from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.errors import InputError
-from xstage.moe.baseline import Unfused
+from xstage.moe.baseline import ChainFP8, Unfused
 from xstage.moe.fused import launch_main, launch_reduce, plan
 from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import CANDIDATES
@@ -39,10 +51,11 @@ TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EPS = (2, 4, 8)
 # The grid measures the orders the planner ranks (`xstage.moe.schedule.CANDIDATES`).
 SCHEDULES = CANDIDATES
-BASELINES = ("unfused", "chain")
-COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "time_p10_ns", "time_p90_ns",
-           "reduce_ns", "tflops", "speedup", "rows", "block", "ctas", "max_err"]
-KEYS = ["shape", "tokens", "ep", "path", "variant"]
+BASELINES = ("unfused", "chain", "chain_fp8")
+COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "dtype", "variant", "time_ns", "time_p10_ns",
+           "time_p90_ns", "reduce_ns", "tflops", "speedup", "rows", "remote_rows", "combine_link_ns", "block", "ctas",
+           "max_err", "err_fp8_ref", "fro_f32"]
+KEYS = ["shape", "tokens", "ep", "path", "dtype", "variant"]
 
 
 def grid_configs() -> list[dict]:
@@ -60,7 +73,7 @@ def time_fused(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int = 
     p = plan(pb.idx, pb.buf, v.schedule, pacing=v.pacing_or("buffer"))
     y = torch.empty_like(pb.x)
     for _ in range(warmup):
-        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
+        launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p)
         launch_reduce(pb.idx, pb.w, y, pb.buf)
     synchronize()
     main, red = time_main_and_reduce(pb, p, y, rep)
@@ -75,7 +88,7 @@ def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[Timing, 
         if before_each is not None:
             before_each()
         a[i].record()
-        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p)
+        launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p)
         b[i].record()
         launch_reduce(pb.idx, pb.w, y, pb.buf)
         c[i].record()
@@ -86,21 +99,58 @@ def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[Timing, 
     return main, red
 
 
-def time_fn(fn, warmup: int = 5, rep: int = 30) -> float:
-    return time_device(fn, warmup=warmup, rep=rep).median_ns
+def fp8_references(pb: Problem, un: Unfused) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two references of an FP8 problem's output, float32 `[T, H]`, on `un`'s sorted rows:
+    the FP8-emulating layer (`xstage.moe.fp8.expert_mlp_fp8` on the quantized rows and weights, BF16
+    combine rows) and float32 on the dequantized weights with the unquantized activations."""
+    from xstage.moe.fp8 import dequantize_weights, expert_mlp_fp8
+    from xstage.moe.reference import expert_mlp
+
+    (x8, xs), (l1, s1), (l2, s2) = pb.x_in, pb.l1_fp8, pb.l2_fp8
+    out8 = torch.zeros(len(un.t), pb.H, dtype=torch.float32, device=pb.x.device)
+    out32 = torch.zeros_like(out8)
+    start = 0
+    for e, end in enumerate(un.offs.tolist()):
+        if end > start:
+            t = un.t[start:end]
+            out8[start:end] = expert_mlp_fp8(x8[t], xs[t], l1[e], s1[e], l2[e], s2[e]).to(torch.bfloat16).float()
+            out32[start:end] = expert_mlp(pb.x[t].float(), dequantize_weights(l1[e:e + 1], s1[e:e + 1])[0],
+                                          dequantize_weights(l2[e:e + 1], s2[e:e + 1])[0])
+        start = end
+    return un.combine(out8), un.combine(out32)
+
+
+def _errors(y: torch.Tensor, ref8: torch.Tensor, ref32: torch.Tensor) -> dict:
+    y = y.float()
+    return dict(err_fp8_ref=float((y - ref8).abs().max() / ref8.abs().max().clamp_min(1e-30)),
+                fro_f32=float(torch.linalg.vector_norm(y - ref32) / torch.linalg.vector_norm(ref32).clamp_min(1e-30)))
+
+
+def _combine_link_ns(pb: Problem, un: Unfused, path: str) -> float | str:
+    """Time the BF16 combine rows for peers need at the path profile's drain rate (ns); "" without one."""
+    from xstage.model.profile import DEFAULT_PROFILES, load_default_profile
+
+    if path not in DEFAULT_PROFILES or not un.n_remote:
+        return ""
+    return un.n_remote * pb.H * 2 / load_default_profile(path).params.drain * 1e9
 
 
 def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None, warmup: int = 5, rep: int = 30,
                block: str | None = None, log=print) -> list[dict]:
-    """Measure one configuration: every variant (`SCHEDULE[@PACING]`), the unfused pipeline (and the
-    chain at EP=1)."""
+    """Measure one configuration in one dtype (`cfg_row["dtype"]`, default bf16): every variant
+    (`SCHEDULE[@PACING]`), the unfused pipeline (and the chains at EP=1)."""
     variants = [s if isinstance(s, Variant) else Variant.parse(s) for s in schedules]
     shape, T, ep = MoeShape.parse(cfg_row["shape"]), int(cfg_row["tokens"]), int(cfg_row["ep"])
     H, I, E, K = shape
-    cfg = cfg_row.get("config") or parse_block(block, H)
+    dtype = parse_dtype(cfg_row.get("dtype", "bf16"), allowed=(*DTYPE_MAP, *FP8_DTYPES))
+    fp8 = dtype in FP8_DTYPES.values()
+    cfg = cfg_row.get("config") or (parse_block(block, H, fp8=fp8) if block or not fp8 else None)
     pth = path if ep > 1 else "hbm"
-    pb = Problem(shape, T, ep, pth, cfg, device=cfg_row.get("device", "cuda"), dtype=cfg_row.get("dtype", "bf16"))
-    base = dict(shape=str(shape), H=H, I=I, E=E, K=K, tokens=T, ep=ep, path=pth, rows=pb.rows,
+    pb = Problem(shape, T, ep, pth, cfg, device=cfg_row.get("device", "cuda"), dtype=dtype)
+    cfg = pb.cfg
+    un = Unfused(pb, pth)
+    base = dict(shape=str(shape), H=H, I=I, E=E, K=K, tokens=T, ep=ep, path=pth, dtype=dtype_name(dtype),
+                rows=pb.rows, remote_rows=un.n_remote, combine_link_ns=_combine_link_ns(pb, un, pth),
                 block=f"{cfg.block_m}x{cfg.block_n1}x{cfg.block_n2}x{cfg.block_k}")
     rows, outs = [], {}
     for v in variants:
@@ -108,14 +158,22 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
         outs[str(v)] = y
         rows.append(dict(base, variant=str(v), time_ns=main.median_ns, time_p10_ns=main.p10_ns, time_p90_ns=main.p90_ns,
                          reduce_ns=red, ctas=ctas))
-    un = Unfused(pb, pth)
-    rows.append(dict(base, variant="unfused", time_ns=time_fn(un.full, warmup, rep), time_p10_ns="", time_p90_ns="",
-                     reduce_ns="", ctas=""))
+
+    def baseline(name, fn):
+        t = time_device(fn, warmup=warmup, rep=rep)
+        rows.append(dict(base, variant=name, time_ns=t.median_ns, time_p10_ns=t.p10_ns, time_p90_ns=t.p90_ns,
+                         reduce_ns="", ctas=""))
+
+    baseline("unfused", un.full)
     if ep == 1:
-        rows.append(dict(base, variant="chain", time_ns=time_fn(lambda: un.chain(un.x_sorted), warmup, rep),
-                         time_p10_ns="", time_p90_ns="", reduce_ns="", ctas=""))
+        baseline("chain", lambda: un.chain(un.x_sorted))
+        if fp8:
+            chain8 = ChainFP8(un)
+            baseline("chain_fp8", lambda: chain8.chain(chain8.x_sorted))
+            del chain8  # its rowwise FP8 weights
     ref = un.combine(un.full())
     scale = float(ref.abs().max()) or 1.0
+    refs = fp8_references(pb, un) if fp8 else None
     pacing_of = {str(v): v.pacing for v in variants}  # baselines: the buffer default (None)
     ew = {v.pacing: r["time_ns"] for v, r in zip(variants, rows) if v.schedule == "expert_wave"}
     for r in rows:
@@ -124,22 +182,28 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
         base_ew = ew.get(pacing_of.get(r["variant"]))
         r["speedup"] = base_ew / r["time_ns"] if base_ew else ""
         y = outs.get(r["variant"])
+        # Against the BF16 pipeline: on FP8 rows, the error of quantizing the activations.
         r["max_err"] = float((y.float() - ref).abs().max()) / scale if y is not None else ""
+        r.update(_errors(y, *refs) if y is not None and refs else dict(err_fp8_ref="", fro_f32=""))
     if writer is not None:
         writer.write_many(rows)
     for r in rows:
-        log(f"{shape} T={T} EP={ep} {r['variant']:>12}: {r['time_ns'] / 1e3:9.1f} us {r['tflops']:6.0f} TFLOP/s "
-            f"speedup {r['speedup'] if r['speedup'] == '' else round(r['speedup'], 3)} err {r['max_err']}")
+        log(f"{shape} T={T} EP={ep} {r['dtype']} {r['variant']:>12}: {r['time_ns'] / 1e3:9.1f} us "
+            f"{r['tflops']:6.0f} TFLOP/s speedup {r['speedup'] if r['speedup'] == '' else round(r['speedup'], 3)} "
+            f"err {r['max_err']}" + ("" if r["err_fp8_ref"] == "" else
+                                     f" fp8-ref {r['err_fp8_ref']:.2e} fro32 {r['fro_f32']:.3f}"))
     return rows
 
 
 def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup: int = 5, rep: int = 30,
-             budget_s: float | None = None, block: str | None = None, log=print) -> dict:
+             budget_s: float | None = None, block: str | None = None, log=print, dtypes=("bf16",)) -> dict:
     """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops starting new ones after
-    `budget_s`. Returns the summary (`xstage.bench.moe_summary.summarize`)."""
+    `budget_s`. Each configuration runs in every dtype of `dtypes` in turn. Returns the summary
+    (`xstage.bench.moe_summary.summarize`)."""
     if not torch.cuda.is_available():
         raise InputError("bench moe: needs a CUDA GPU")
     variants = [s if isinstance(s, Variant) else Variant.parse(s) for s in schedules]
+    dtypes = [dtype_name(parse_dtype(d, allowed=(*DTYPE_MAP, *FP8_DTYPES))) for d in dtypes]
     out = Path(out_dir)
     writer = ResultWriter(out / "moe.csv", COLUMNS, KEYS, require_commit=True)
     t0 = time.time()
@@ -148,13 +212,14 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
             log("time budget reached; rerun to continue")
             break
         pth = path if c["ep"] > 1 else "hbm"
-        if writer.done(dict(c, path=pth, variant="unfused")):
-            continue
-        try:
-            run_config(c, path, variants, writer, warmup, rep, block=block, log=log)
-        except Exception:  # one configuration failing must not lose the rest of the grid
-            log(f"config {c}: " + traceback.format_exc()[-2500:])
-        torch.cuda.empty_cache()
+        for d in dtypes:
+            if writer.done(dict(c, path=pth, dtype=d, variant="unfused")):
+                continue
+            try:
+                run_config(dict(c, dtype=d), path, variants, writer, warmup, rep, block=block, log=log)
+            except Exception:  # one configuration failing must not lose the rest of the grid
+                log(f"config {c} {d}: " + traceback.format_exc()[-2500:])
+            torch.cuda.empty_cache()
     return summarize(out)
 
 
@@ -166,18 +231,23 @@ def register_bench(grids) -> None:
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated variants SCHEDULE[@PACING], "
                    "PACING one of off, auto or RATE_GBPS:BUDGET_KIB (default: %(default)s, the buffer's pacing)")
     p.add_argument("--block", default=None, help="block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape "
-                   "(default: the kernel's BlockConfig)")
+                   "(default: the kernel's BlockConfig, or its FP8 default for fp8)")
+    p.add_argument("--dtype", default="bf16", metavar="D1,D2", help="comma-separated dtypes, each configuration "
+                   "measured in each in turn: bf16, fp8 (FP8 buffer, block-scaled e4m3 weights; default: %(default)s)")
     p.set_defaults(handler=_handler)
 
 
 def _handler(args) -> int:
     check_output_dir(args.out)
     variants = parse_variants(args.schedules)
-    parse_block(args.block, 4096)  # a malformed --block fails here, before any GPU work
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    for d in dtypes or [""]:  # an unknown dtype fails here, before any GPU work
+        parse_dtype(d, "--dtype", allowed=("bf16", *FP8_DTYPES))
+    parse_block(args.block, 4096, fp8="fp8" in dtypes)  # a malformed --block fails here, before any GPU work
     if args.summarize_only:
         summary = summarize(args.out)
     else:
         summary = run_grid(args.out, args.only, args.path, variants, args.warmup, args.rep, args.budget_s,
-                           args.block)
+                           args.block, dtypes=dtypes)
     emit(summary, args.json, (Path(args.out) / "summary.md").read_text())
     return 0

@@ -2,7 +2,9 @@
 
 `summarize(out_dir)` reads `out_dir/moe.csv` (written by `xstage bench moe` or the multi-GPU bench)
 and writes `summary.md` and the speedup plots; it returns, per path and variant, the number of
-configurations, the geomean / max / min speedup and how many configurations the variant loses.
+configurations, the geomean / max / min speedup and how many configurations the variant loses. Each
+dtype of the file gets its own sections, keyed by path for the first dtype (bf16 where present) and
+`path:dtype` for the others; with FP8 rows, the FP8 sections of `xstage.bench.moe_fp8_summary` follow.
 
 Every speedup is taken over `expert_wave` with the same pacing suffix (`lag:8` over `expert_wave`,
 `lag:4@off` over `expert_wave@off`). The best schedule per configuration is chosen after measuring,
@@ -15,13 +17,14 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from xstage.bench.moe_fp8_summary import fp8_sections
 from xstage.moe.problem import SHAPES
 from xstage.results import geomean, read_rows
 from xstage.results.plots import plot_lines
 
 __all__ = ["SUMMARY_INTRO", "SUMMARY_TITLE", "geomean", "summarize"]
 
-_NOT_FUSED = ("unfused", "chain")
+_NOT_FUSED = ("unfused", "chain", "chain_fp8")
 
 
 def _pacing(variant: str) -> str:
@@ -68,12 +71,12 @@ def _cell(s: dict) -> str:
     return f"{s['geomean']:.3f} / {s['min']:.3f}"
 
 
-def _speedup_section(multi: list[dict], path: str) -> tuple[list[str], dict]:
+def _speedup_section(multi: list[dict], path: str, label: str = "") -> tuple[list[str], dict]:
     """Markdown lines and per-variant statistics of the speedup over same-pacing expert_wave."""
     t = _times(multi)
     sp = _speedups(t)
     summary = {v: dict(_stats(s.values()), baseline=_baseline(v)) for v, s in sp.items() if s}
-    lines = [f"## Path `{path}`", "",
+    lines = [f"## Path `{path}`{label}", "",
              "Speedup = time of `expert_wave` at the same pacing over time of the variant, per configuration "
              "(shape, tokens, EP). `slower in`: configurations where the variant is slower than its baseline.", "",
              "| variant | baseline | configs | geomean | max | min | slower in |", "|---|---|---|---|---|---|---|"]
@@ -162,17 +165,18 @@ SUMMARY_INTRO = ("Time of the fused persistent kernel (dispatch, Linear-1 + SwiG
                  "`@` runs with the run's default store pacing; `@off` is unpaced.")
 
 
-def _ep1_section(ep1: list[dict]) -> list[str]:
-    """EP=1: each schedule's fused time over the grouped_mm chain; best constant schedule and oracle."""
+def _ep1_section(ep1: list[dict], chain_name: str = "chain", label: str = "") -> list[str]:
+    """EP=1: each schedule's fused time over the grouped_mm chain (`chain_name`); best constant schedule
+    and oracle."""
     t = _times(ep1)
-    chain = {k[:3]: x for k, x in t.items() if k[3] == "chain"}
+    chain = {k[:3]: x for k, x in t.items() if k[3] == chain_name}
     schedules = sorted({k[3] for k in t if k[3] not in _NOT_FUSED})
     ratio = {s: {c: t[(*c, s)] / chain[c] for c in chain if (*c, s) in t} for s in schedules}
     ratio = {s: r for s, r in ratio.items() if r}
     if not ratio:
         return []
     const = min(ratio, key=lambda s: (geomean(list(ratio[s].values())), s))
-    lines = ["", "## EP=1: fused kernel vs the grouped_mm compute chain (same routing)", "",
+    lines = ["", f"## EP=1{label}: fused kernel vs the `{chain_name}` compute chain (same routing)", "",
              "fused / chain per schedule (lower is better; over 1: the fused kernel is slower):", "",
              "| schedule | configs | geomean | min | max | slower in |", "|---|---|---|---|---|---|"]
     for s, r in sorted(ratio.items()):
@@ -190,7 +194,7 @@ def _ep1_section(ep1: list[dict]) -> list[str]:
             fz = [by_key[(*c, s)] for s in ratio if (*c, s) in by_key]
             if not fz:
                 continue
-            ch, f = by_key[(*c, "chain")], min(fz, key=lambda r: float(r["time_ns"]))
+            ch, f = by_key[(*c, chain_name)], min(fz, key=lambda r: float(r["time_ns"]))
             ct, ft, rt = float(ch["time_ns"]), float(f["time_ns"]), float(f["reduce_ns"] or 0)
             k = t.get((*c, const))
             kc = f"{k / 1e3:.0f} | {k / ct:.2f}" if k else " | "
@@ -207,16 +211,24 @@ def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -
     head summary.md (other grids writing the same columns pass their own)."""
     out = Path(out_dir)
     rows = read_rows(out / "moe.csv")
-    multi_all = [r for r in rows if int(r["ep"]) > 1 and r.get("time_ns") not in ("", None)]
+    for r in rows:  # rows from before FP8 have no dtype column: BF16
+        r["dtype"] = r.get("dtype") or "bf16"
     lines = [title, "", intro, ""]
     summary: dict = {}
-    paths = sorted({r["path"] for r in multi_all}, key=lambda p: (p != "host", p))
-    for path in paths:
-        sel = [r for r in multi_all if r["path"] == path]
-        section, by_path = _speedup_section(sel, path)
-        lines += section + _pacing_section(sel)
-        summary[path] = by_path
-    lines += _ep1_section([r for r in rows if int(r["ep"]) == 1 and r.get("time_ns") not in ("", None)])
+    dtypes = sorted({r["dtype"] for r in rows}, key=lambda d: (d != "bf16", d))
+    for dtype in dtypes:
+        timed = [r for r in rows if r["dtype"] == dtype and r.get("time_ns") not in ("", None)]
+        multi_all = [r for r in timed if int(r["ep"]) > 1]
+        label = "" if dtype == "bf16" else f", {dtype}"
+        paths = sorted({r["path"] for r in multi_all}, key=lambda p: (p != "host", p))
+        for path in paths:
+            sel = [r for r in multi_all if r["path"] == path]
+            section, by_path = _speedup_section(sel, path, label)
+            lines += section + _pacing_section(sel)
+            summary[path if dtype == dtypes[0] else f"{path}:{dtype}"] = by_path
+        ep1 = [r for r in timed if int(r["ep"]) == 1]
+        lines += _ep1_section(ep1, "chain_fp8" if dtype == "fp8" else "chain", label)
+    lines += fp8_sections(rows)
     if rows:
         env = rows[-1]
         commits = sorted({r.get("git_commit", "") or "unknown" for r in rows})
@@ -224,7 +236,8 @@ def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -
                       f"triton {env.get('triton')}, {env.get('date')}; commit {', '.join(commits)}; "
                       "block (BMxBN1xBN2xBK) per row in moe.csv."]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    host = [r for r in multi_all if r["path"] == "host"]
+    host = [r for r in rows if r["dtype"] == "bf16" and int(r["ep"]) > 1 and r["path"] == "host"
+            and r.get("time_ns") not in ("", None)]
     sp = _speedups(_times(host))
     for shape in _shape_order({r["shape"] for r in host}):
         sel = [dict(variant=v, ep=c[2], tokens=c[1], speedup=x) for v, s in sp.items() if v not in _NOT_FUSED

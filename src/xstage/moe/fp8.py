@@ -119,7 +119,19 @@ def dequantize_activations(x_fp8: torch.Tensor, x_scale: torch.Tensor) -> torch.
 def quantize_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`w [E, N, K]` -> `(w_fp8 [E, N, K] e4m3, w_scale float32 [E, ceil(N/128), ceil(K/128)])`, 128x128 blocks."""
     _need_float(w, "w", "[E, N, K]", 3)
-    return _quantize(w, BLOCK, BLOCK)
+    return _per_expert(w, lambda t: _quantize(t, BLOCK, BLOCK))
+
+
+def _per_expert(w: torch.Tensor, fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fn` (one `[N, K]` -> (data, scale)) over the experts of `w [E, N, K]`, into preallocated
+    outputs: float32 copies of all of a large model's weights do not fit (E384 x 6144 x 7168: 68 GB),
+    nor a list of the per-expert results beside their stacked copy."""
+    q0, s0 = fn(w[0] if w.shape[0] else w.new_zeros(w.shape[1:]))  # the output shapes
+    q = q0.new_empty((w.shape[0], *q0.shape))
+    s = s0.new_empty((w.shape[0], *s0.shape))
+    for e in range(w.shape[0]):
+        q[e], s[e] = (q0, s0) if e == 0 else fn(w[e])
+    return q, s
 
 
 def dequantize_weights(w_fp8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
@@ -130,9 +142,8 @@ def dequantize_weights(w_fp8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tens
 def quantize_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """`t [..., R, C]` -> `(t_fp8, scale float32 [..., R])`: one scale per row, as `_scaled_grouped_mm` takes."""
     _need_float(t, "t", "[..., R, C]")
-    if t.dim() > 2:  # one expert at a time: float32 copies of all of a large model's weights do not fit
-        pairs = [quantize_rowwise(t[i]) for i in range(t.shape[0])]
-        return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+    if t.dim() > 2:
+        return _per_expert(t, quantize_rowwise)
     amax = t.abs().amax(dim=-1, keepdim=True).float()
     scale = torch.where(amax == 0, torch.ones_like(amax), amax / FP8_MAX)  # NaN stays NaN
     return to_e4m3(t.float() / scale).contiguous(), scale.squeeze(-1).contiguous()

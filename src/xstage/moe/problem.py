@@ -21,9 +21,9 @@ from typing import NamedTuple
 
 import torch
 
-from xstage.dtypes import parse_dtype
+from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import InputError
-from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.moe.buffer import FP8_BLOCK_CONFIG, BlockConfig, LoopbackGroup, MoEBuffer
 from xstage.moe.layout import transform_weights
 
 _SHAPE = re.compile(r"^H(\d+)-I(\d+)-E(\d+)-K(\d+)$")
@@ -66,15 +66,17 @@ def format_block(cfg: BlockConfig) -> str:
 
 
 DEFAULT_BLOCK = format_block(BlockConfig())
+# The FP8 buffer's default tiles: pointer loads (no FP8 TMA path), dynamic task fetch.
+DEFAULT_BLOCK_FP8 = format_block(FP8_BLOCK_CONFIG) + ":d"
 
 
-def parse_block(spec: str | None, hidden: int) -> BlockConfig:
-    """`"BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]"` -> BlockConfig; None -> the defaults. BN2 halves until it
-    divides `hidden`.
+def parse_block(spec: str | None, hidden: int, fp8: bool = False) -> BlockConfig:
+    """`"BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]"` -> BlockConfig; None -> the defaults (of an FP8 buffer with
+    `fp8`). BN2 halves until it divides `hidden`.
 
     FLAGS (optional) picks the kernel variant: letters `t` (TMA loads) and `d` (dynamic task fetch), or
     `-` for neither; without it the BlockConfig defaults apply."""
-    parts = (spec or DEFAULT_BLOCK).split(":")
+    parts = (spec or (DEFAULT_BLOCK_FP8 if fp8 else DEFAULT_BLOCK)).split(":")
     flags = parts.pop() if len(parts) == 7 else None
     try:
         if len(parts) != 6:
@@ -105,23 +107,39 @@ def routing(T: int, E: int, K: int, device, seed: int = 0):
 
 
 class Problem:
-    """Inputs, weights and a loopback buffer of one configuration on one device (rank 0 of `ep`)."""
+    """Inputs, weights and a loopback buffer of one configuration on one device (rank 0 of `ep`).
+
+    `dtype="fp8"`: the buffer is FP8 and the kernel's operands are (data, scale) pairs: `x_in` is `x`
+    quantized 1x128 and `w1t`, `w2` are the weights quantized in 128x128 blocks (`xstage.moe.fp8`),
+    while `x`, `l1`, `l2` stay the BF16 tensors they were quantized from (the baselines' inputs).
+    Otherwise `x_in` is `x`."""
 
     def __init__(self, shape, tokens: int, ep: int, path: str, cfg: BlockConfig | None = None, device="cuda",
                  dtype="bf16", seed: int = 0, pacing="default"):
         H, I, E, K = self.shape = MoeShape.parse(shape)
-        dtype = parse_dtype(dtype)
+        dtype = parse_dtype(dtype, allowed=(*DTYPES, *FP8_DTYPES))
+        self.fp8 = dtype in FP8_DTYPES.values()
+        data_dtype = torch.bfloat16 if self.fp8 else dtype
         self.H, self.I, self.E, self.K, self.T, self.ep = H, I, E, K, tokens, ep
         el = E // ep
         g = torch.Generator(device=device).manual_seed(seed + 1)
-        self.x = torch.randn(tokens, H, generator=g, device=device, dtype=dtype)
+        self.x = torch.randn(tokens, H, generator=g, device=device, dtype=data_dtype)
         self.idx, self.w = routing(tokens, E, K, device, seed)
-        self.l1 = torch.randn(el, 2 * I, H, generator=g, device=device, dtype=dtype).mul_(H**-0.5)
-        self.l2 = torch.randn(el, H, I, generator=g, device=device, dtype=dtype).mul_(I**-0.5)
-        self.cfg = cfg or parse_block(None, H)
+        self.l1 = torch.randn(el, 2 * I, H, generator=g, device=device, dtype=data_dtype).mul_(H**-0.5)
+        self.l2 = torch.randn(el, H, I, generator=g, device=device, dtype=data_dtype).mul_(I**-0.5)
+        self.cfg = cfg or parse_block(None, H, fp8=self.fp8)
         self.buf = MoEBuffer(tokens, E, K, H, I, LoopbackGroup(ep, path=path), device=device, dtype=dtype,
                              config=self.cfg, pacing=pacing)
-        self.w1t, self.w2 = transform_weights(self.l1, self.l2, self.cfg.block_n1)
+        if self.fp8:
+            from xstage.moe.fp8 import quantize_activations, quantize_weights
+
+            self.x_in = quantize_activations(self.x)
+            self.l1_fp8, self.l2_fp8 = quantize_weights(self.l1), quantize_weights(self.l2)
+            self.w1t, self.w2 = transform_weights(*self.l1_fp8[:1], *self.l2_fp8[:1], self.cfg.block_n1,
+                                                  self.l1_fp8[1], self.l2_fp8[1])
+        else:
+            self.x_in = self.x
+            self.w1t, self.w2 = transform_weights(self.l1, self.l2, self.cfg.block_n1)
         self.rows = tokens * K  # rows rank 0 computes (each of its (token, slot) pairs exactly once)
 
     def flops(self) -> float:

@@ -18,7 +18,7 @@ from xstage.moe.fused import launch_main, plan
 from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
-from xstage.sched.moe import MoeConfig, task_work
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, task_work
 from xstage.sched.tilecost import fit_tile_model
 
 CALIBRATION_SHAPES = tuple(SHAPES)
@@ -38,22 +38,25 @@ def task_gaps(trace: np.ndarray) -> np.ndarray:
     return (t[1:, 0] - t[:-1, 1])[same_cta].astype(float)
 
 
-def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0):
+def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0,
+                dtype: str = "bf16"):
     """Per task of one EP=1 run: kind and median traced duration (ns) over `reps` runs, and the median
-    gap between consecutive tasks of a CTA (`task_gaps`) over all runs."""
+    gap between consecutive tasks of a CTA (`task_gaps`) over all runs. `dtype` "fp8": the FP8 buffer
+    (its default tiles unless `block_spec` says otherwise)."""
     import torch
 
 
     if not torch.cuda.is_available():
         raise InputError("xstage plan calibrate: needs a CUDA GPU (the tiles are timed in the kernel)")
-    cfg = parse_block(block_spec, MoeShape.parse(shape).hidden)
-    pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed)
+    fp8 = dtype == "fp8"
+    cfg = parse_block(block_spec, MoeShape.parse(shape).hidden, fp8=fp8)
+    pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed, dtype=dtype)
     p = plan(pb.idx, pb.buf, "expert_wave")
     trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
     runs, gaps = [], []
     for _ in range(reps + 1):  # the first run compiles and warms up
         trace.zero_()
-        launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p, trace=trace)
+        launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p, trace=trace)
         torch.cuda.synchronize()
         pb.buf.check()
         t = trace.cpu().numpy()
@@ -65,7 +68,8 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     kinds = table[:, 0]
     H, I, E, K = MoeShape.parse(shape)
     mcfg = MoeConfig(hidden=H, intermediate=I, num_experts=E, topk=K, tokens_per_rank=tokens, ep=1,
-                     block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k)
+                     block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k,
+                     **(FP8_ELEM_BYTES if fp8 else {}))
     valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
     return mcfg, cfg, kinds[valid], dur[valid], gap_ns
 
@@ -83,8 +87,10 @@ def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
 
 
 def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), reps: int = 3,
-                  progress=None, model_shapes=None) -> tuple[TaskCosts, list[dict]]:
+                  progress=None, model_shapes=None, dtype: str = "bf16") -> tuple[TaskCosts, list[dict]]:
     """Trace every shape at every token count and tile config; fit per-kind costs and the tile model.
+    `dtype` "fp8" traces the FP8 buffer: its rows carry `elem_bytes` 1, which the planner's lookups
+    and the tile model key on.
 
     Returns the costs (a cross-shape fit per kind and tile config, the measured medians per shape and
     rows per expert, which the planner interpolates, and the tile model fitted on `model_shapes`, by
@@ -96,7 +102,7 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
     blocks = set()
     gaps: list[float] = []
     for i, (shape, t, spec) in enumerate(runs):
-        mcfg, cfg, kinds, dur, gap_ns = trace_tasks(shape, t, spec, reps)
+        mcfg, cfg, kinds, dur, gap_ns = trace_tasks(shape, t, spec, reps, dtype=dtype)
         gaps.append(gap_ns)
         blocks.add(mcfg.block)
         for k in (DISPATCH, LINEAR1, LINEAR2):
@@ -107,7 +113,7 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
                                   "rows_per_expert": t * mcfg.topk / mcfg.num_experts,
                                   "work": task_work(mcfg, k), "median_ns": float(np.median(sel)),
                                   "p10_ns": float(np.quantile(sel, 0.1)), "p90_ns": float(np.quantile(sel, 0.9)),
-                                  "tasks": int(len(sel))})
+                                  "tasks": int(len(sel)), "elem_bytes": mcfg.elem_bytes})
         if progress:
             progress(i + 1, len(runs))
     kinds: dict[str, KindCost] = {}
@@ -125,11 +131,12 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
             quality[f"{name}@{block}"] = {"max_abs_rel_error": float(np.max(np.abs(rel))), "points": len(rows)}
     env = environment()
     prov = {k: env[k] for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
-    prov.update({"tokens": token_list, "shapes": list(shapes), "blocks": sorted(blocks),
+    prov.update({"tokens": token_list, "shapes": list(shapes), "blocks": sorted(blocks), "dtype": dtype,
                  "block_specs": [spec or "default" for spec in (block_specs or (None,))],
                  "method": "in-kernel %globaltimer per task, EP=1",
                  "task_gap_ns_per_run": [round(g, 1) for g in gaps]})
-    table = [{k: r[k] for k in ("shape", "block", "kind", "rows_per_expert", "median_ns")} for r in per_shape]
+    table = [{k: r[k] for k in ("shape", "block", "kind", "rows_per_expert", "median_ns", "elem_bytes")}
+             for r in per_shape]
     model, prov["tile_model"] = tile_model_of(table, model_shapes)
     fetch = float(np.median(gaps)) if gaps else 0.0
     return TaskCosts("moe", kinds, prov, quality, table, fetch_ns=fetch, tile_model=model), per_shape

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from xstage.attention.exchange import parse_exchange
 from xstage.comm.pacing import spec_of
+from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
 from xstage.model.interference import load_default_interference
@@ -37,7 +38,7 @@ from xstage.sched.exchange import (
     validate_exchange,
 )
 from xstage.sched.measured import load_results
-from xstage.sched.moe import MoeConfig
+from xstage.sched.moe import MoeConfig, moe_dtype_fields
 from xstage.sched.plan import check_plannable, default_ctas, plan_moe
 from xstage.sched.timeline import plot_timeline
 from xstage.sched.ulysses import attention_costs
@@ -161,8 +162,9 @@ def run_plan_moe(args) -> int:
     block_ms = block_m_list(args.block_m)
     candidates = schedule_list(args.candidates)
     plot = plot_path(args.plot)
+    dtype = dtype_name(parse_dtype(args.dtype, "--dtype", allowed=("bf16", *FP8_DTYPES)))
     try:
-        cfg = MoeConfig.parse(str(shape), tokens_per_rank=tokens, ep=ep)
+        cfg = MoeConfig.parse(str(shape), tokens_per_rank=tokens, ep=ep, **moe_dtype_fields(dtype, shape.hidden))
         for bm in block_ms or ():
             cfg.with_blocks(block_m=bm)
     except InputError as exc:
@@ -190,12 +192,12 @@ def run_plan_moe(args) -> int:
         plot = plot_timeline(rows[0].result, plot,
                              title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: {rows[0].schedule} (predicted)")
     pacing_text = ", ".join(f"{spec} = {spec_of(p)}" for spec, p in pacings.items())
-    text = (f"{cfg.shape}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {ctas} CTAs, "
+    text = (f"{cfg.shape} {dtype}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {ctas} CTAs, "
             f"store pacing {pacing_text} (GB/s:KiB), interference {'on' if interference else 'off'}, "
             f"profile {profile.describe() if hasattr(profile, 'describe') else args.profile or 'default'}\n"
             + markdown_table(table, list(table[0]), floatfmt=".4g")
             + f"\npick: {rows[0].variant} (block_m {rows[0].block_m})" + (f"\ntimeline: {plot}" if plot else ""))
-    emit({"config": cfg.shape, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "ctas": ctas,
+    emit({"config": cfg.shape, "dtype": dtype, "tokens_per_rank": cfg.tokens_per_rank, "ep": cfg.ep, "ctas": ctas,
           "pacing": {spec: spec_of(p) for spec, p in pacings.items()}, "interference": interference is not None,
           "rows": table, "pick": rows[0].schedule, "pick_pacing": rows[0].pacing,
           "plot": str(plot) if plot else None}, args.json, text)
@@ -210,10 +212,11 @@ def run_calibrate(args) -> int:
     parsed = [MoeShape.parse(s, "--shapes") for s in shapes]
     tokens = int_list("--tokens", args.tokens, "token count")
     reps = checked_int("--reps", args.reps, "traced runs per shape")
+    dtype = dtype_name(parse_dtype(args.dtype, "--dtype", allowed=("bf16", *FP8_DTYPES)))
     for spec in args.block or ():
         for s in parsed:
             try:
-                parse_block(spec, s.hidden)
+                parse_block(spec, s.hidden, fp8=dtype == "fp8")
             except InputError as exc:
                 raise InputError(f"--block {spec} (shape {s}): {exc}") from None
     blocks = args.block or [None]
@@ -227,7 +230,7 @@ def run_calibrate(args) -> int:
                              f"({','.join(str(s) for s in parsed)}); not traced: {','.join(untraced)}")
     with Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
         costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=blocks, reps=reps,
-                                         progress=bar.callback, model_shapes=model_shapes)
+                                         progress=bar.callback, model_shapes=model_shapes, dtype=dtype)
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "moe-task-costs.json")
     w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
@@ -356,6 +359,8 @@ def register(sub) -> None:
                    f"{','.join(CANDIDATES)})")
     m.add_argument("--block-m", metavar="BM1,BM2", help="comma-separated BLOCK_M values to try, in rows per tile: "
                    "powers of two >= 16 (default: the kernel's 128)")
+    m.add_argument("--dtype", default="bf16", help="the buffer's dtype: bf16, or fp8 (1-byte operands in the FP8 "
+                   "default tiles, BF16 combine rows; default: %(default)s)")
     m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing, >= 0 (default: 0)")
     m.add_argument("--pacing", default=AUTO, help="the kernel's store pacing: auto (rank every schedule under "
                    f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
@@ -396,6 +401,8 @@ def register(sub) -> None:
                    "runs, tokens per rank at EP=1 (default: 4096)")
     c.add_argument("--block", action="append", metavar="SPEC", help="tile config BM:BN1:BN2:BK:WARPS:STAGES "
                    "(block sizes in elements), repeatable (default: the benchmark's choice per shape)")
+    c.add_argument("--dtype", default="bf16", help="the traced buffer's dtype: bf16, or fp8 (its default tiles "
+                   "unless --block; rows carry elem_bytes 1; default: %(default)s)")
     c.add_argument("--reps", type=int, default=3, help="traced runs per shape whose median is taken, >= 1 "
                    "(default: 3)")
     c.add_argument("--model-shapes", metavar="S1,S2", help="comma-separated traced shapes to fit the tile model "

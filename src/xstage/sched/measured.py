@@ -13,7 +13,8 @@ their line numbers. Every refusal is one `InputError` naming the file, the line 
   `sender_ns` and `receiver_ns` in results from before `exchange=`) are numbers, finite and > 0 (a
   Ulysses row whose `exchange_ok` records an error may have none);
 - variants are known: MoE `SCHEDULE[@PACING]` (`xstage.moe.Variant`) or a baseline (`BASELINES`),
-  Ulysses one of `ULYSSES_VARIANTS` or an exchange spelling; MoE `path` one of `PATHS`.
+  Ulysses one of `ULYSSES_VARIANTS` or an exchange spelling; MoE `path` one of `PATHS` and the
+  optional `dtype` one of `MOE_DTYPES` (rows without it are BF16).
 
 `check_moe_rows` / `check_ulysses_rows` apply the same checks to rows given in Python
 (`validate_moe`, `validate_ulysses` and `attention_costs` call them).
@@ -32,13 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xstage.attention.exchange import parse_exchange
+from xstage.dtypes import DTYPES, FP8_DTYPES
 from xstage.errors import InputError
 from xstage.moe.variant import Variant
 from xstage.results.io import read_rows
 from xstage.results.select import select
 
-BASELINES = ("unfused", "chain")  # MoE rows of the benchmarks' baselines, not of the fused kernel
+BASELINES = ("unfused", "chain", "chain_fp8")  # MoE rows of the benchmarks' baselines, not of the fused kernel
 PATHS = ("hbm", "host", "peer")
+MOE_DTYPES = (*DTYPES, *FP8_DTYPES)
 MOE_COLUMNS = ("shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "block", "ctas")
 # The variants `xstage bench ulysses` and `xstage.bench.ulysses_dist` write.
 # Before `exchange=`: the fused kernel was `fused`; since, every exchange spelling is a variant too.
@@ -164,6 +167,9 @@ def check_moe_row(row: Mapping, at: str) -> None:
         raise InputError(f"{at}, column ep: {sizes['ep']} does not divide E={sizes['E']} experts")
     if sizes["K"] > sizes["E"]:
         raise InputError(f"{at}, column K: {sizes['K']} is more than E={sizes['E']} experts")
+    dtype = str(row.get("dtype") or "").strip()  # optional: rows from before FP8 are BF16
+    if dtype and dtype not in MOE_DTYPES:
+        raise InputError(f"{at}, column dtype: {dtype!r} is not one of {', '.join(MOE_DTYPES)}")
     path = _value(row, "path", at)
     if path not in PATHS:
         raise InputError(f"{at}, column path: {path!r} is not a store path ({', '.join(PATHS)})")

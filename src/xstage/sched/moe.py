@@ -24,7 +24,7 @@ from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.params import PathParams
 from xstage.moe.buffer import BlockConfig, check_block_size
-from xstage.moe.problem import MoeShape
+from xstage.moe.problem import MoeShape, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
 from xstage.sched.tilecost import tile_work
@@ -95,6 +95,20 @@ class MoeConfig:
 
     def with_blocks(self, **blocks) -> MoeConfig:
         return replace(self, **blocks)
+
+
+# An FP8 buffer's byte sizes: 1-byte operands, BF16 combine rows (the stores).
+FP8_ELEM_BYTES = dict(elem_bytes=1, out_elem_bytes=2)
+
+
+def moe_dtype_fields(dtype: str, hidden: int) -> dict:
+    """The `MoeConfig` fields a buffer of `dtype` ("bf16" or "fp8") changes from the BF16 defaults: for
+    FP8, its byte sizes and its default tiles (`xstage.moe.problem.parse_block(None, hidden, fp8=True)`)."""
+    if dtype != "fp8":
+        return {}
+    c = parse_block(None, hidden, fp8=True)
+    return dict(FP8_ELEM_BYTES, block_m=c.block_m, block_n1=c.block_n1, block_n2=min(c.block_n2, hidden),
+                block_k=c.block_k, dynamic=c.dynamic)
 
 
 HELD_STORE_WINDOW = 16.0  # bytes: one vector store

@@ -30,7 +30,7 @@ from xstage.model.params import PathParams
 from xstage.moe.pacing import PACING_CANDIDATES, register_pacing_chooser, resolve_pacing
 from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
-from xstage.sched.moe import MoeConfig, moe_work, remote_path
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import SimResult, simulate_kernel
 
 
@@ -144,7 +144,7 @@ def _buffer_config(buf, tokens_per_rank: int) -> MoeConfig:
                      pool_units=buf.pool_units,
                      # the tile costs are traced with 2-byte operands; an FP8 buffer's tiles take the tile
                      # model's rates for 1-byte operands (not yet traced), its combine rows stay BF16
-                     **(dict(elem_bytes=1, out_elem_bytes=2) if buf.fp8 else {}))
+                     **(FP8_ELEM_BYTES if buf.fp8 else {}))
 
 
 def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from xstage.dtypes import FP8_DTYPES
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
@@ -34,7 +35,7 @@ from xstage.moe.schedule import CANDIDATES, chooser
 from xstage.moe.variant import Variant
 from xstage.sched.costs import TaskCosts
 from xstage.sched.measured import BASELINES, check_moe_rows
-from xstage.sched.moe import MoeConfig, moe_work, remote_path
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
 
 
@@ -53,9 +54,15 @@ def _is_schedule(variant: str) -> bool:
 def _config(row: dict) -> MoeConfig:
     """The configuration of a checked row (`check_moe_row`)."""
     bm, bn1, bn2, bk = (int(v) for v in str(row["block"]).split("x"))
+    # FP8 rows: 1-byte operands, BF16 combine rows (the stores).
+    elem = FP8_ELEM_BYTES if _dtype(row) in FP8_DTYPES else {}
     return MoeConfig(hidden=int(row["H"]), intermediate=int(row["I"]), num_experts=int(row["E"]),
                      topk=int(row["K"]), tokens_per_rank=int(row["tokens"]), ep=int(row["ep"]),
-                     block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk)
+                     block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk, **elem)
+
+
+def _dtype(row: dict) -> str:
+    return str(row.get("dtype") or "bf16").strip()
 
 
 def _predict_row(job) -> float:
@@ -99,7 +106,7 @@ def pick_accuracy(out: list[dict], candidates: Sequence[str] = CANDIDATES, toler
     groups: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for o in out:
         schedule, pace = split_variant(o["schedule"])
-        groups[(o["shape"], o["tokens"], o["ep"], pace)][schedule] = o
+        groups[(o["shape"], o["tokens"], o["ep"], o.get("dtype", "bf16"), pace)][schedule] = o
     hits, losses = [], []
     for group in groups.values():
         if not all(c in group for c in candidates):
@@ -158,7 +165,7 @@ def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep
     out = []
     for r, pred in zip(todo, predicted):
         measured = float(r["time_ns"])
-        out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "ep": int(r["ep"]),
+        out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "ep": int(r["ep"]), "dtype": _dtype(r),
                     "schedule": str(r["variant"]).strip(),
                     "block": r["block"], "measured_ns": measured, "spread": _spread(r), "predicted_ns": pred,
                     "rel_error": pred / measured - 1.0})
