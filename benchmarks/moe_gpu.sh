@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
 # Usage (repository root): XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/moe_gpu.sh \
-#   [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid] [fp8ep1] [fp8cal] [fp8grid]
+#   [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid] [fp8ep1] [fp8blocks] [fp8cal] [fp8grid]
 #   (results under $OUT or benchmarks/results)
 set -u
 if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
@@ -50,6 +50,13 @@ for step in $steps; do
       timeout "${FP8EP1_S:-200}" python3 -u -m xstage bench moe -o "${OUT:-benchmarks/results}/h200-moe-fp8/ep1" \
         --only ep=1 --dtype bf16,fp8 --schedules "${FP8EP1_SCHEDULES:-expert_wave,lag:8}" --warmup 3 --rep 15 \
         2>&1 | tail -45 ;;
+    fp8blocks)  # FP8 tile variants at EP=1, one schedule: each --block of FP8_BLOCKS into its own folder
+      i=0
+      for spec in ${FP8_BLOCKS:-128:128:128:128:8:4:d 128:128:128:128:8:4:td 128:128:128:128:8:3:td}; do
+        timeout "${FP8BLOCK_S:-120}" python3 -u -m xstage bench moe -o "${OUT:-benchmarks/results}/h200-moe-fp8/blocks/$i" \
+          --only ep=1 --dtype fp8 --block "$spec" --schedules lag:8 --warmup 3 --rep 15 2>&1 | grep -E "lag:8|Error" | cut -c1-200
+        i=$((i + 1))
+      done ;;
     fp8cal)  # FP8 tile costs (the buffer's default FP8 tiles) on the two calibration shapes
       timeout "${FP8CAL_S:-120}" python3 -u -m xstage plan calibrate --dtype fp8 \
         -o "${OUT:-benchmarks/results}/h200-moe-fp8/tiles" --shapes "${FP8CAL_SHAPES:-H4096-I2048-E256-K6,H1152-I4608-E8-K2}" \

@@ -31,8 +31,10 @@ def _linear1_task(p_unit, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_s
     # The task's fields come from memory, as _run_task loads them from the task and unit tables.
     u, e, prow = tl.load(p_unit), tl.load(p_unit + 1), tl.load(p_unit + 2)
     n_rows, nb = tl.load(p_unit + 3), tl.load(p_unit + 4)
-    _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_scale, p_ready,
-                 H, I, BM, BN1, BK)
+    # Pointer loads (TMA=False); the descriptor arguments are unused then. The TMA path runs in the
+    # fused layer's tests (tests/moe/test_fused_fp8.py).
+    _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv, p_recv_scale, p_w1, p_w1, p_w1_scale, p_act, p_act_scale,
+                 p_ready, H, I, BM, BN1, BK, False, False)
 
 
 @triton.jit
@@ -40,7 +42,8 @@ def _linear2_task(p_unit, p_act, p_act_scale, p_w2, p_w2_scale, p_out, H, I,
                   BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr):
     e, prow = tl.load(p_unit + 1), tl.load(p_unit + 2)
     n_rows, nb = tl.load(p_unit + 3), tl.load(p_unit + 4)
-    acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act_scale, p_w2, p_w2_scale, H, I, BM, BN2, BK)
+    acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act, p_act_scale, p_w2, p_w2, p_w2_scale, H, I, BM, BN2, BK,
+                           False)
     o_m, o_n = tl.arange(0, BM), tl.arange(0, BN2)
     tl.store(p_out + o_m[:, None] * BN2 + o_n[None, :], acc)  # the whole tile, masked rows included
 

@@ -242,8 +242,6 @@ class MoEBuffer:
         if FP8_BLOCK % c.block_n2:
             raise InputError(f"block_n2={c.block_n2}: must divide {FP8_BLOCK} with dtype fp8 (one weight-scale row "
                              "per tile)")
-        if c.tma:
-            raise InputError("tma=True: the FP8 path loads its operands with pointers (TMA loads not built yet)")
 
     def _pool_units(self, pool_bytes, capacity_factor, elem: int) -> int:
         """Units of `block_m` rows the receive and activation pool holds (see the module docstring)."""

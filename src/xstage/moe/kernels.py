@@ -151,7 +151,8 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
     m_n = o_n < H
     b_acc = tl.zeros([BM, BN2], dtype=tl.float32)
     if FP8:
-        b_acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act_scale, p_w2, p_w2_scale, H, I, BM, BN2, BK)
+        b_acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2, p_w2_scale, H, I, BM,
+                                 BN2, BK, TMA)
     elif TMA:
         w_row = e * H + nb * BN2  # columns past H read the next expert's rows; the store masks them
         for k in range(0, I, BK):
@@ -222,8 +223,8 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
                       p_x_scale, p_xs_delta, p_recv_scale, BM, BD, TMA, FP8, USE_PTX)
         elif kind == 1:
             if FP8:
-                _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_scale,
-                             p_ready, H, I, BM, BN1, BK)
+                _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w1, p_w1_scale, p_act,
+                             p_act_scale, p_ready, H, I, BM, BN1, BK, TMA, USE_PTX)
             else:
                 _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
                          TMA, USE_PTX)

@@ -1,5 +1,7 @@
 """FP8 tile functions of the fused MoE kernel: block-scaled Linear-1 (+ SwiGLU + 1x128 requantization)
-and Linear-2, the FP8 counterparts of the pointer (non-TMA) paths of `kernels._linear1` / `_linear2`.
+and Linear-2, the FP8 counterparts of `kernels._linear1` / `_linear2`: operand tiles through pointers, or
+with `TMA` through 2-d descriptors (`[BM, 128]` row blocks and `[BN, 128]` weight blocks, K-major as
+the FP8 MMA takes them); the scales always through pointers.
 
 Problem: run one LINEAR1 or LINEAR2 task of the persistent MoE kernel on `float8_e4m3fn` operands in
 the DeepSeek-V3 formats of `xstage.moe.fp8`, so that wiring them into `_run_task` is a matter of
@@ -39,6 +41,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xstage.comm.device import fence_proxy_async
+
 FP8_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value
 SCALE_BLOCK = tl.constexpr(128)  # DeepSeek-V3 block: 128x128 weights, 1x128 activations
 
@@ -61,8 +65,9 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
-def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_scale, p_ready,
-                 H, I, BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr):
+def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w1, p_w1_scale, p_act, p_act_scale,
+                 p_ready, H, I, BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
+                 USE_PTX: tl.constexpr):
     # One 128-column block per tile: the 1x128 requantization of the SwiGLU output needs the whole
     # block's amax in one CTA, and the gate and up slabs each map to one weight-scale row.
     tl.static_assert(BN1 == SCALE_BLOCK, "BN1 must be 128 on the FP8 path (one 1x128 activation block per tile)")
@@ -84,12 +89,23 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv_scale, p_w1, p_w1_scale,
     # Scale rows follow the interleaved weight rows: gate block of nb at 2 nb, its up block at 2 nb + 1.
     p_gs = p_w1_scale + (e.to(tl.int64) * (2 * I // SCALE_BLOCK) + 2 * nb) * nkb
     p_us = p_gs + nkb
+    w_row = e * 2 * I + nb * 2 * BN1  # TMA: the gate slab's first weight row, the up slab follows
     for kb in range(0, nkb):
-        b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
         b_as = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None]  # masked rows stay 0 (their a is 0 too)
+        if TMA:
+            # Whole [BM, BK] row blocks: rows past n_rows hold stale codes that only reach output rows the
+            # epilogue masks (a row's amax and products are its own). Weights arrive K-major, as the FP8
+            # MMA takes both operands.
+            b_a = d_recv.load([prow, kb * BK])
+            b_wg = d_w1.load([w_row, kb * BK]).T
+            b_wu = d_w1.load([w_row + BN1, kb * BK]).T
+        else:
+            b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+            b_wg = tl.load(p_g)
+            b_wu = tl.load(p_u)
         # Raw e4m3 products in float32, scaled once per K block: the order fp8.scaled_linear emulates.
-        b_g += tl.dot(b_a, tl.load(p_g), out_dtype=tl.float32) * (b_as * tl.load(p_gs + kb))
-        b_u += tl.dot(b_a, tl.load(p_u), out_dtype=tl.float32) * (b_as * tl.load(p_us + kb))
+        b_g += tl.dot(b_a, b_wg, out_dtype=tl.float32) * (b_as * tl.load(p_gs + kb))
+        b_u += tl.dot(b_a, b_wu, out_dtype=tl.float32) * (b_as * tl.load(p_us + kb))
         p_a += BK
         p_g += BK
         p_u += BK
@@ -104,13 +120,15 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv_scale, p_w1, p_w1_scale,
     p_o = p_act + o_row[:, None] * I + (nb * BN1 + o_n)[None, :]
     tl.store(p_o, b_q, mask=m_m[:, None])
     tl.store(p_act_scale + o_row * (I // SCALE_BLOCK) + nb, b_s, mask=m_m)
+    if TMA:
+        fence_proxy_async(USE_PTX)  # LINEAR2 reads the activation through TMA
     tl.debug_barrier()
     tl.atomic_add(p_ready + u, 1, sem="release", scope="gpu")
 
 
 @triton.jit
-def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act_scale, p_w2, p_w2_scale, H, I,
-                     BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr):
+def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2, p_w2_scale, H, I,
+                     BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr):
     """float32 `[BM, BN2]` Linear-2 accumulator of output columns `nb * BN2 ..` (rows past `n_rows` and
     columns past H are 0); the caller rounds it to BF16 and stores it."""
     tl.static_assert(BK == SCALE_BLOCK, "BK must be 128 on the FP8 path (one scale block per K step)")
@@ -128,10 +146,15 @@ def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act_scale, p_w2, p_w2_scale, 
     p_as = p_act_scale + o_row * nkb  # [BM]
     p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
     p_bs = p_w2_scale + (e.to(tl.int64) * (H // SCALE_BLOCK) + (nb * BN2) // SCALE_BLOCK) * nkb
+    w_row = e * H + nb * BN2  # TMA: BN2 | 128 | H, so a tile never reads past its expert's rows
     for kb in range(0, nkb):
-        b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
         b_as = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None]
-        b_b = tl.load(p_b, mask=m_n[None, :], other=0.0)
+        if TMA:
+            b_a = d_act.load([prow, kb * BK])
+            b_b = d_w2.load([w_row, kb * BK]).T
+        else:
+            b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
+            b_b = tl.load(p_b, mask=m_n[None, :], other=0.0)
         b_acc += tl.dot(b_a, b_b, out_dtype=tl.float32) * (b_as * tl.load(p_bs + kb))
         p_a += BK
         p_b += BK
