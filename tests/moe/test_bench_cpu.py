@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from xstage.bench.moe import COLUMNS, KEYS, grid_configs, run_config
+from xstage.bench.moe import COLUMNS, KEYS, block_per_dtype, grid_configs, run_config
 from xstage.bench.moe_summary import summarize
 from xstage.errors import InputError
 from xstage.moe import BlockConfig
@@ -60,9 +60,24 @@ def test_parse_block_reads_variant_flags_and_fits_bn2():
     c = parse_block("64:128:256:64:4:3:-", 4096)
     assert (c.block_m, c.block_n2, c.block_d, c.tma, c.dynamic) == (64, 256, 512, False, False)
     assert parse_block("64:128:256:64:4:3:t", 4096).dynamic is False
-    for bad in ("64:128:256:64:4", "64:128:256:64:4:3:x", "a:128:256:64:4:3"):
+    c = parse_block("64:128:128:128:4:2:d2", 1152, fp8=True)
+    assert (c.block_m, c.num_stages, c.dynamic, c.tma, c.ctas_per_sm) == (64, 2, True, False, 2)
+    assert parse_block(None, 1152, fp8=True).block_k == 128 and parse_block(None, 1152).block_k == 64
+    for bad in ("64:128:256:64:4", "64:128:256:64:4:3:x", "a:128:256:64:4:3", "64:128:256:64:4:3:d0",
+                "64:128:256:64:4:3:2d"):
         with pytest.raises(InputError, match="block"):
             parse_block(bad, 4096)
+
+
+def test_block_option_per_dtype():
+    assert block_per_dtype(None, ["bf16", "fp8"]) == {"bf16": None, "fp8": None}
+    assert block_per_dtype("64:128:256:64:4:3", ["bf16"]) == {"bf16": "64:128:256:64:4:3"}
+    assert block_per_dtype("fp8=64:128:128:128:4:2:d2", ["bf16", "fp8"]) == {
+        "bf16": None, "fp8": "64:128:128:128:4:2:d2"}
+    with pytest.raises(InputError, match="DTYPE=SPEC with DTYPE one of bf16, fp8"):
+        block_per_dtype("fp16=64:128:128:128:4:2", ["bf16", "fp8"])
+    with pytest.raises(InputError, match="BM:BN1"):
+        block_per_dtype("fp8=64:128", ["bf16", "fp8"])
 
 
 def test_fp8_rows_carry_dtype_accuracy_and_link_bound_and_get_their_summary(tmp_path):

@@ -144,7 +144,7 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
     H, I, E, K = shape
     dtype = parse_dtype(cfg_row.get("dtype", "bf16"), allowed=(*DTYPE_MAP, *FP8_DTYPES))
     fp8 = dtype in FP8_DTYPES.values()
-    cfg = cfg_row.get("config") or (parse_block(block, H, fp8=fp8) if block or not fp8 else None)
+    cfg = cfg_row.get("config") or parse_block(block, H, fp8=fp8)
     pth = path if ep > 1 else "hbm"
     pb = Problem(shape, T, ep, pth, cfg, device=cfg_row.get("device", "cuda"), dtype=dtype)
     cfg = pb.cfg
@@ -195,6 +195,24 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
     return rows
 
 
+def block_per_dtype(block: str | None, dtypes) -> dict[str, str | None]:
+    """`--block`: one spec for every dtype, or `DTYPE=SPEC` entries separated by commas (a dtype without
+    one gets its default tiles). Every spec is parsed here, before any GPU work."""
+    if not block or "=" not in block:
+        out = {d: block for d in dtypes}
+    else:
+        out = dict.fromkeys(dtypes)
+        for part in block.split(","):
+            d, eq, spec = part.strip().partition("=")
+            if not eq or d not in out:
+                raise InputError(f"--block {block!r}: {part.strip()!r} is not DTYPE=SPEC with DTYPE one of "
+                                 f"{', '.join(dtypes)} (the measured dtypes)")
+            out[d] = spec.strip()
+    for d, spec in out.items():
+        parse_block(spec, 4096, fp8=d == "fp8")
+    return out
+
+
 def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup: int = 5, rep: int = 30,
              budget_s: float | None = None, block: str | None = None, log=print, dtypes=("bf16",)) -> dict:
     """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops starting new ones after
@@ -204,6 +222,7 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
         raise InputError("bench moe: needs a CUDA GPU")
     variants = [s if isinstance(s, Variant) else Variant.parse(s) for s in schedules]
     dtypes = [dtype_name(parse_dtype(d, allowed=(*DTYPE_MAP, *FP8_DTYPES))) for d in dtypes]
+    blocks = block_per_dtype(block, dtypes)
     out = Path(out_dir)
     writer = ResultWriter(out / "moe.csv", COLUMNS, KEYS, require_commit=True)
     t0 = time.time()
@@ -216,7 +235,7 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
             if writer.done(dict(c, path=pth, dtype=d, variant="unfused")):
                 continue
             try:
-                run_config(dict(c, dtype=d), path, variants, writer, warmup, rep, block=block, log=log)
+                run_config(dict(c, dtype=d), path, variants, writer, warmup, rep, block=blocks.get(d), log=log)
             except Exception:  # one configuration failing must not lose the rest of the grid
                 log(f"config {c} {d}: " + traceback.format_exc()[-2500:])
             torch.cuda.empty_cache()
@@ -230,8 +249,9 @@ def register_bench(grids) -> None:
                    "(default host: pinned host memory over PCIe)")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated variants SCHEDULE[@PACING], "
                    "PACING one of off, auto or RATE_GBPS:BUDGET_KIB (default: %(default)s, the buffer's pacing)")
-    p.add_argument("--block", default=None, help="block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape "
-                   "(default: the kernel's BlockConfig, or its FP8 default for fp8)")
+    p.add_argument("--block", default=None, help="block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape and "
+                   "dtype, or DTYPE=SPEC entries separated by commas (default: the kernel's BlockConfig, or its FP8 "
+                   "default for fp8)")
     p.add_argument("--dtype", default="bf16", metavar="D1,D2", help="comma-separated dtypes, each configuration "
                    "measured in each in turn: bf16, fp8 (FP8 buffer, block-scaled e4m3 weights; default: %(default)s)")
     p.set_defaults(handler=_handler)
@@ -243,7 +263,7 @@ def _handler(args) -> int:
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     for d in dtypes or [""]:  # an unknown dtype fails here, before any GPU work
         parse_dtype(d, "--dtype", allowed=("bf16", *FP8_DTYPES))
-    parse_block(args.block, 4096, fp8="fp8" in dtypes)  # a malformed --block fails here, before any GPU work
+    block_per_dtype(args.block, dtypes)  # a malformed --block fails here, before any GPU work
     if args.summarize_only:
         summary = summarize(args.out)
     else:

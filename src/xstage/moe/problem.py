@@ -56,7 +56,7 @@ class MoeShape(NamedTuple):
 SHAPES: dict[str, MoeShape] = {s: MoeShape.parse(s) for s in (
     "H4096-I2048-E256-K6", "H7168-I3072-E384-K6", "H4096-I1536-E128-K8", "H1152-I4608-E8-K2")}
 
-_FLAG_LETTERS = set("td-")
+_FLAG = re.compile(r"^(?:-|[td]*)([1-9])?$")
 
 
 def format_block(cfg: BlockConfig) -> str:
@@ -75,7 +75,8 @@ def parse_block(spec: str | None, hidden: int, fp8: bool = False) -> BlockConfig
     `fp8`). BN2 halves until it divides `hidden`.
 
     FLAGS (optional) picks the kernel variant: letters `t` (TMA loads) and `d` (dynamic task fetch), or
-    `-` for neither; without it the BlockConfig defaults apply."""
+    `-` for neither, then optionally a digit: CTAs per SM (`d2`: dynamic, two CTAs per SM; the first
+    launch refuses a grid whose CTAs do not fit); without FLAGS the BlockConfig defaults apply."""
     parts = (spec or (DEFAULT_BLOCK_FP8 if fp8 else DEFAULT_BLOCK)).split(":")
     flags = parts.pop() if len(parts) == 7 else None
     try:
@@ -84,8 +85,10 @@ def parse_block(spec: str | None, hidden: int, fp8: bool = False) -> BlockConfig
         bm, bn1, bn2, bk, warps, stages = (int(v) for v in parts)
     except ValueError:
         raise InputError(f"block {spec!r}: expected BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]") from None
-    if flags is not None and (not flags or set(flags) - _FLAG_LETTERS):
-        raise InputError(f"block {spec!r}: FLAGS must be made of 't' (TMA), 'd' (dynamic) or be '-'")
+    m = _FLAG.match(flags) if flags is not None else None
+    if flags is not None and (not flags or m is None):
+        raise InputError(f"block {spec!r}: FLAGS must be made of 't' (TMA), 'd' (dynamic) or be '-', then "
+                         "optionally a digit 1-9 (CTAs per SM)")
     while bn2 > 1 and hidden % bn2:
         bn2 //= 2
     # Dispatch copies [BM, BD] chunks one after another, each waiting for its loads: wide chunks
@@ -93,7 +96,8 @@ def parse_block(spec: str | None, hidden: int, fp8: bool = False) -> BlockConfig
     bd = next((b for b in (512, 256, 128, 64, 32, 16, 8) if hidden % b == 0), None)
     if bd is None:
         raise InputError(f"hidden={hidden}: must be a multiple of 8")
-    variant = {} if flags is None else dict(tma="t" in flags, dynamic="d" in flags)
+    variant = {} if flags is None else dict(tma="t" in flags, dynamic="d" in flags,
+                                            ctas_per_sm=int(m.group(1) or 0))
     return BlockConfig(block_m=bm, block_n1=bn1, block_n2=bn2, block_k=bk, block_d=bd, num_warps=warps,
                        num_stages=stages, **variant)
 
