@@ -23,33 +23,57 @@ def _problem(rank, world, T, E, K, H, I, dtype, device):
     return (x.to(dtype).to(**to), idx.to(**to), w.to(**to), l1.to(dtype).to(**to), l2.to(dtype).to(**to))
 
 
+def _fp8_problem(rank, world, T, E, K, H, I, device):
+    """The FP8 layer's inputs on this rank: its BF16 tokens, the 128x128-quantized weights of its
+    experts, and the FP8-emulating reference of its tokens' outputs over all E experts (float32)."""
+    from xstage.moe.fp8 import quantize_weights, reference_moe_fp8
+
+    x, idx, w, l1_all, l2_all = _problem(0, 1, T, E, K, H, I, torch.float32, "cpu")  # every expert
+    x, idx, w = _problem(rank, world, T, E, K, H, I, torch.float32, "cpu")[:3]  # this rank's tokens
+    x = x.to(torch.bfloat16)
+    q1, q2 = quantize_weights(l1_all), quantize_weights(l2_all)
+    ref = reference_moe_fp8(x, idx, w, *q1, *q2).double()
+    el = E // world
+    mine = slice(rank * el, (rank + 1) * el)
+    weights = tuple(t[mine].contiguous().to(device) for t in (*q1, *q2))
+    return x.to(device), idx.to(device), w.to(device), weights, ref
+
+
 def moe_worker(rank, world, init_file, shape, dtype_name, result_file):
-    """Run every schedule of `SCHEDULES` twice on this rank and compare with `reference_moe_dist`."""
+    """Run every schedule of `SCHEDULES` twice on this rank and compare with `reference_moe_dist`
+    (`fp8`: with the FP8-emulating reference of every expert)."""
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     from xstage.moe import BlockConfig, MoEBuffer, fused_moe, reference_moe_dist, transform_weights
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dtype = parse_dtype(dtype_name)
+    dtype = parse_dtype(dtype_name, allowed=("bf16", "fp16", "fp32", "fp8"))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     msg = "not run"
     try:
         T, E, K, H, I = shape
-        cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32, num_warps=4,
-                          num_stages=2)
-        x, idx, w, l1, l2 = _problem(rank, world, T + rank, E, K, H, I, dtype, device)
+        fp8 = dtype_name == "fp8"
+        cfg = BlockConfig(block_m=16, block_n1=128 if fp8 else 16, block_n2=64 if fp8 else 32,
+                          block_k=128 if fp8 else 32, block_d=32, num_warps=4, num_stages=2, tma=not fp8)
         buf = MoEBuffer(T + world, E, K, H, I, dist.group.WORLD, device=device, dtype=dtype, config=cfg)
-        w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
-        ref = reference_moe_dist(x.double().cpu(), idx.cpu(), w.double().cpu(), l1.double().cpu(),
-                                 l2.double().cpu(), dtype=torch.float64)
+        if fp8:
+            x, idx, w, (l1, s1, l2, s2), ref = _fp8_problem(rank, world, T + rank, E, K, H, I, device)
+            w1t, w2 = transform_weights(l1, l2, cfg.block_n1, s1, s2)
+        else:
+            x, idx, w, l1, l2 = _problem(rank, world, T + rank, E, K, H, I, dtype, device)
+            w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+            ref = reference_moe_dist(x.double().cpu(), idx.cpu(), w.double().cpu(), l1.double().cpu(),
+                                     l2.double().cpu(), dtype=torch.float64)
         outs = []
         for s in SCHEDULES + SCHEDULES:
             buf.combine.fill_(float("nan"))
             buf.barrier()
             outs.append(fused_moe(x, idx, w, w1t, w2, buf, schedule=s).cpu())
             buf.barrier()
-        tol = 2e-2 if dtype != torch.float32 else 1e-4
+        # FP8: the interpreter's BF16 cast is not round-to-nearest (tests/moe/test_fused_fp8.py); the GPU
+        # keeps the issue's 1e-2 of the largest output.
+        tol = 1e-4 if dtype == torch.float32 else (1e-2 if fp8 and device.type == "cuda" else 2e-2)
         err = max(float((o.double() - ref).abs().max()) for o in outs)
         same = all(torch.equal(o, outs[0]) for o in outs)
         msg = "ok" if err <= tol * max(1.0, float(ref.abs().max())) and same else f"bad: err={err} same={same}"

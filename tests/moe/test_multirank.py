@@ -18,3 +18,14 @@ def test_two_ranks_cpu_fp16(tmp_path):
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_share_one_gpu_bf16(tmp_path, world):
     assert run_ranks(tmp_path, world, (40, 8, 2, 256, 128), "bf16") == ["ok"] * world
+
+
+@pytest.mark.slow
+def test_two_ranks_cpu_fp8(tmp_path):
+    # e4m3 rows and their 1x128 scales cross to the experts' rank in the dispatch, BF16 rows come back
+    assert run_ranks(tmp_path, 2, (6, 4, 2, 128, 128), "fp8") == ["ok", "ok"]
+
+
+@pytest.mark.gpu
+def test_ranks_share_one_gpu_fp8(tmp_path):
+    assert run_ranks(tmp_path, 2, (40, 8, 2, 256, 128), "fp8") == ["ok", "ok"]
