@@ -180,11 +180,16 @@ def _side_streams(device: torch.device):
 
 
 def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
-                stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None) -> None:
+                stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None,
+                timeline: list | None = None) -> None:
     """Attention of this rank's heads block by block into `og` (`[B, S, h_r, D]`, a view of a
     sequence-major buffer), each finished block's remote rows copied by the copy engine into
     `stage_peers` while the next block computes, and the own rows into `own_out` (`[B, S_r, h_r, D]`).
-    Returns when every copy is ordered before the caller's next work on the current stream."""
+    Returns when every copy is ordered before the caller's next work on the current stream.
+
+    `timeline` (GPU, optional): receives `(block, "compute" | "copy", start, end)` with CUDA events
+    recorded on the block's stream around its attention and around its copies (for traces; read them
+    after a synchronize)."""
     og_seq = og.transpose(0, 1)
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
@@ -206,17 +211,29 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
     for s in (copier, second):
         s.wait_stream(main)  # nothing may start before the inputs of this call exist
     lanes = (main, second)
+    def mark(stream):
+        if timeline is None:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ev
+
     for i, ranges in enumerate(blocks):
         lane = lanes[i % 2]
+        t0 = mark(lane)
         with torch.cuda.stream(lane):
             for lo, hi in ranges:
                 attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
-        flag = torch.cuda.Event()
+        flag = torch.cuda.Event(enable_timing=timeline is not None)
         flag.record(lane)
         copier.wait_event(flag)
         with torch.cuda.stream(copier):
+            c0 = mark(copier)
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
+            c1 = mark(copier)
+        if timeline is not None:
+            timeline += [(i, "compute", t0, flag), (i, "copy", c0, c1)]
     main.wait_stream(second)
     if b > a:
         own_out.copy_(og[:, a:b])
