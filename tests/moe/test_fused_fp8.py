@@ -159,3 +159,9 @@ def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
     assert sum(t.store_bytes for t in work[1]) == sum(t.store_bytes for t in work[2]) > 0
     gemm = {e: sum(t.compute_ns for t in w if t.kind in ("linear1", "linear2")) for e, w in work.items()}
     assert gemm[1] < gemm[2]
+    # An FP8 buffer's planner takes the tile costs traced on an FP8 buffer: 1-byte rows of its tiles.
+    from xstage.sched.plan import _costs
+
+    costs8 = _costs(MoEBuffer(dtype="fp8", **kw))
+    assert costs8.provenance["dtype"] == "fp8" and _costs(MoEBuffer(dtype="bf16", config=same_blocks, **kw)) != costs8
+    assert {r["elem_bytes"] for r in costs8.table} == {1} and {r["block"] for r in costs8.table} == {fp8.block}

@@ -80,6 +80,10 @@ def test_fp8_rows_are_simulated_with_one_byte_operands_and_bf16_combine_rows():
     assert [o["dtype"] for o in out] == ["bf16", "fp8"]
     # The two dtypes are separate configurations for the pick accuracy.
     assert summary["fully_measured"] == 2
+    # Costs per dtype: each row takes its own dtype's (here FP8 tiles with 10 us more between tasks).
+    slow = dataclasses.replace(COSTS, fetch_ns=COSTS.fetch_ns + 1e4)
+    out2, _ = validate_moe(rows, SLOW_PATH, {"bf16": COSTS, "fp8": slow}, candidates=("lag:1",))
+    assert out2[0]["predicted_ns"] == pytest.approx(bf16) and out2[1]["predicted_ns"] > fp8 * 1.05
 
 
 @pytest.mark.gpu

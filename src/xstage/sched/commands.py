@@ -131,8 +131,8 @@ def _load_profile(profile_path: str | None) -> Profile:
     return Profile.load(profile_path) if profile_path else load_default_profile()
 
 
-def _load_costs(costs_path: str | None, kernel: str) -> TaskCosts:
-    costs = TaskCosts.load(costs_path) if costs_path else load_default_costs(kernel)
+def _load_costs(costs_path: str | None, kernel: str, dtype: str = "bf16") -> TaskCosts:
+    costs = TaskCosts.load(costs_path) if costs_path else load_default_costs(kernel, dtype)
     if costs.kernel != kernel:
         raise InputError(f"--costs {costs_path}: task costs of the {costs.kernel!r} kernel; this command needs "
                          f"the {kernel!r} kernel's (`xstage plan "
@@ -170,7 +170,7 @@ def run_plan_moe(args) -> int:
     except InputError as exc:
         raise InputError(f"--shape {shape} --tokens {tokens} --ep {ep}: {exc}") from None
     profile = _load_profile(args.profile)
-    costs = _load_costs(args.costs, "moe")
+    costs = _load_costs(args.costs, "moe", dtype)
     ctas = ctas or default_ctas(profile)
     # "auto": every schedule under each pacing "auto" chooses from (the kernel's own rule).
     if args.pacing == AUTO:
@@ -308,7 +308,8 @@ def run_validate(args) -> int:
         emit({"exchanges": summary}, args.json, markdown_table(summary, list(summary[0]), floatfmt=".4g")
              + f"\nwritten to {out}/validation-ulysses.csv")
         return 0
-    costs = _load_costs(args.costs, "moe")
+    # Without --costs, each row's dtype takes its own embedded tile costs.
+    costs = _load_costs(args.costs, "moe") if args.costs else {d: _load_costs(None, "moe", d) for d in ("bf16", "fp8")}
     with Progress(len(fused_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
         out_rows, summary = validate_moe(res.rows, params, costs, candidates=candidates,
                                          default_pacing=args.default_pacing, progress=bar.callback, workers=workers,

@@ -189,9 +189,10 @@ def _gaps_of_shapes(provenance: dict, shapes: list[str]) -> list[float]:
     return [float(g) for i, g in enumerate(gaps) if traced[i // per_shape] in shapes]
 
 
-def load_default_costs(kernel: str = "moe") -> TaskCosts:
-    """The embedded H200 task costs of `kernel` (measured; see `xstage/data/README`)."""
-    name = f"h200-{kernel}-task-costs.json"
+def load_default_costs(kernel: str = "moe", dtype: str = "bf16") -> TaskCosts:
+    """The embedded H200 task costs of `kernel` (measured; see `xstage/data/README`); `dtype` "fp8":
+    those traced on an FP8 MoE buffer (1-byte operands, its default tiles)."""
+    name = f"h200-{kernel}-task-costs.json" if dtype != "fp8" else f"h200-{kernel}-fp8-task-costs.json"
     ref = resources.files("xstage.data").joinpath(name)
     if not ref.is_file():
         raise InputError(f"no embedded task costs for kernel {kernel!r} ({name}); run `xstage plan calibrate`")

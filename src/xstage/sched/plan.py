@@ -142,9 +142,12 @@ def _buffer_config(buf, tokens_per_rank: int) -> MoeConfig:
                      tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
                      block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic,
                      pool_units=buf.pool_units,
-                     # the tile costs are traced with 2-byte operands; an FP8 buffer's tiles take the tile
-                     # model's rates for 1-byte operands (not yet traced), its combine rows stay BF16
+                     # an FP8 buffer: 1-byte operands (its own traced tile costs, `_costs`), BF16 combine rows
                      **(FP8_ELEM_BYTES if buf.fp8 else {}))
+
+
+def _costs(buf) -> TaskCosts:
+    return load_default_costs("moe", "fp8" if buf.fp8 else "bf16")
 
 
 def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,
@@ -152,7 +155,7 @@ def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StoreP
     """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape, the
     call's token count and store pacing."""
     return pick_moe_schedule(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path),
-                             load_default_costs("moe"), num_ctas, candidates=candidates, pacing=pacing,
+                             _costs(buf), num_ctas, candidates=candidates, pacing=pacing,
                              interference=load_default_interference(buf.store_path))
 
 
@@ -163,8 +166,8 @@ def pick_pacing_for_buffer(buf, tokens_per_rank: int, num_ctas: int, schedule: s
     if buf.R < 2:
         return "off"  # no remote stores to pace
     pacings = {spec: resolve_pacing(spec, buf.store_path, buf.R) for spec in PACING_CANDIDATES}
-    rows = plan_moe(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path), load_default_costs("moe"),
-                    num_ctas, candidates=[schedule] if schedule else candidates, pacings=pacings,
+    rows = plan_moe(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path), _costs(buf), num_ctas,
+                    candidates=[schedule] if schedule else candidates, pacings=pacings,
                     interference=load_default_interference(buf.store_path))
     return rows[0].pacing
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -67,6 +67,8 @@ def _dtype(row: dict) -> str:
 
 def _predict_row(job) -> float:
     row, cfg, path, costs, default_pacing, interference = job
+    if isinstance(costs, Mapping):
+        costs = costs["fp8" if _dtype(row) in FP8_DTYPES else "bf16"]
     schedule, pace = split_variant(str(row["variant"]).strip(), default_pacing)
     pacing = resolve_pacing(pace, str(row["path"]).strip(), cfg.ep)
     work = moe_work(cfg, schedule, costs, int(row["ctas"]))
@@ -127,11 +129,13 @@ def fused_rows(rows: Sequence[dict], min_ep: int = 2) -> list[dict]:
     return [r for r in rows if _is_schedule(str(r["variant"]).strip()) and int(r["ep"]) >= min_ep]
 
 
-def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts, *, min_ep: int = 2, tolerance: float = 0.03,
+def validate_moe(rows: list[dict], path: PathParams, costs: TaskCosts | Mapping[str, TaskCosts], *, min_ep: int = 2,
+                 tolerance: float = 0.03,
                  candidates: Sequence[str] = CANDIDATES, default_pacing: str = "default", progress=None,
                  workers: int = 1, source: str = "results", lines: Sequence[int] | None = None,
                  pool_bytes: int | None = None, interference: Interference | None = None) -> tuple[list[dict], dict]:
-    """Per-row predictions and the summary (median/p90 error, pick accuracy). `progress(done, total)`
+    """Per-row predictions and the summary (median/p90 error, pick accuracy). `costs`: one set for
+    every row, or one per dtype (`{"bf16": ..., "fp8": ...}`, chosen by each row's dtype). `progress(done, total)`
     is called after each simulated row; `source` and `lines` (the rows' file and line numbers) name
     where a refused row is. `pool_bytes`: the row pool of the kernel that measured the rows (its slot
     waits are modelled); None for results of the kernel before the pool, whose rows all had a slot."""
