@@ -34,6 +34,7 @@ from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes
 from xstage.attention.overlap import attend, concurrent_tiles, overlap_blocks, run_overlap
 from xstage.attention.ulysses import fused_state, loopback_gather, stage_buffer
 from xstage.comm import create_context
+from xstage.results import time_device
 from xstage.results.io import ResultWriter
 from xstage.results.tables import markdown_table
 
@@ -59,18 +60,6 @@ def _setup(T: int, P: int, H: int, D: int, dev):
     return plan, (qg, kg, vg), fc, stage, own_out
 
 
-def _median_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def trace_config(T: int, P: int, H: int, D: int, variant: str, reps: int, dev) -> list[dict]:
     plan, (qg, kg, vg), fc, stage, own_out = _setup(T, P, H, D, dev)
     ex = parse_exchange(variant)
@@ -89,8 +78,8 @@ def trace_config(T: int, P: int, H: int, D: int, variant: str, reps: int, dev) -
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
-    attention_ms = _median_ms(whole, reps)
-    total_ms = _median_ms(exchange, reps)
+    attention_ms = time_device(whole, warmup=0, rep=reps).median_ns / 1e6
+    total_ms = time_device(exchange, warmup=0, rep=reps).median_ns / 1e6
     # Each block's attention alone, block after block, no copies.
     alone = [[] for _ in blocks]
     for _ in range(reps):
