@@ -279,8 +279,16 @@ def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blo
     og = empty_gathered_out(plan, torch.float16, torch.device(device))
     sends = []
     ex = parse_exchange(f"overlap:triton:{blocks}")
+    n_blocks = len(overlap_blocks(plan, ex.blocks, cfg.block_m, cut=ex.cut, slots=132))
+    stamps = torch.zeros(n_blocks, 4, dtype=torch.int64, device=device)
     run_overlap(plan, ex, qf, kf, vf, og, state.out.local[:, :seq[rank], h0:h1], stage.peers, config=cfg,
-                on_send=lambda *s: sends.append(s))
+                on_send=lambda *s: sends.append(s), stamps=stamps)
+    # per block: its attention starts, ends, then its copies start and end; blocks start in order
+    t = stamps.cpu()
+    assert bool((t > 0).all()) and bool((t[:, 1:] >= t[:, :-1]).all()) and bool((t[1:, 0] >= t[:-1, 0]).all())
+    with pytest.raises(InputError, match="stamps: expected int64"):
+        run_overlap(plan, ex, qf, kf, vf, og, state.out.local[:, :seq[rank], h0:h1], stage.peers, config=cfg,
+                    stamps=stamps[:-1])
     # flags are raised block by block: the sends come in block order
     assert [s[0] for s in sends] == sorted(s[0] for s in sends)
     rows = sorted(r for (_, dest, lo, hi) in sends for r in range(lo, hi))
@@ -288,7 +296,6 @@ def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blo
     assert rows == sorted(set(range(plan.seq_total)) - own)  # every remote row exactly once, no own row
     for (_, dest, lo, hi) in sends:
         assert plan.tok0[dest] <= lo < hi <= plan.tok0[dest + 1]  # each row to the rank that owns it
-    n_blocks = len(overlap_blocks(plan, ex.blocks, cfg.block_m, cut=ex.cut, slots=132))
     assert {s[0] for s in sends} <= set(range(n_blocks - 1)) | {n_blocks - 1}
     unpack_loopback(plan, state)
     for p in range(world):

@@ -38,6 +38,7 @@ import torch
 from xstage.attention.exchange import CUTS, Exchange
 from xstage.attention.flash import FlashConfig, flash_attention
 from xstage.attention.layout import UlyssesPlan
+from xstage.comm.stamps import stamp
 from xstage.errors import InputError
 
 _STREAMS: dict = {}
@@ -181,15 +182,15 @@ def _side_streams(device: torch.device):
 
 def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
                 stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None,
-                timeline: list | None = None) -> None:
+                stamps: torch.Tensor | None = None) -> None:
     """Attention of this rank's heads block by block into `og` (`[B, S, h_r, D]`, a view of a
     sequence-major buffer), each finished block's remote rows copied by the copy engine into
     `stage_peers` while the next block computes, and the own rows into `own_out` (`[B, S_r, h_r, D]`).
     Returns when every copy is ordered before the caller's next work on the current stream.
 
-    `timeline` (GPU, optional): receives `(block, "compute" | "copy", start, end)` with CUDA events
-    recorded on the block's stream around its attention and around its copies (for traces; read them
-    after a synchronize)."""
+    `stamps` (optional, int64 `[blocks, 4]` on `og`'s device, for traces): per block the times
+    (`xstage.comm.stamps`, ns) at which its stream starts and ends its attention and at which the copy
+    stream starts and ends its copies; they work inside CUDA graphs. Read them after a synchronize."""
     og_seq = og.transpose(0, 1)
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
@@ -197,12 +198,25 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
     blocks = overlap_blocks(plan, ex.blocks or default_blocks(plan), cfg.block_m if cfg else 128, cut=ex.cut,
                             slots=concurrent_tiles(ex.core, og.device, cfg))
     a, b = plan.tok0[plan.rank], plan.tok0[plan.rank + 1]
+    if stamps is not None and (stamps.dtype != torch.int64 or tuple(stamps.shape) != (len(blocks), 4)
+                               or stamps.device != og.device):
+        raise InputError(f"stamps: expected int64 [{len(blocks)}, 4] on {og.device} (one row per block), got "
+                         f"{stamps.dtype} {tuple(stamps.shape)} on {stamps.device}")
+
+    def mark(i: int, what: int) -> None:
+        if stamps is not None:
+            stamp(stamps, 4 * i + what)
+
     if not og.is_cuda:
         for i, ranges in enumerate(blocks):
+            mark(i, 0)
             for lo, hi in ranges:
                 attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
+            mark(i, 1)
+            mark(i, 2)
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
+            mark(i, 3)
         if b > a:
             own_out.copy_(og[:, a:b])
         return
@@ -211,29 +225,21 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
     for s in (copier, second):
         s.wait_stream(main)  # nothing may start before the inputs of this call exist
     lanes = (main, second)
-    def mark(stream):
-        if timeline is None:
-            return None
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record(stream)
-        return ev
-
     for i, ranges in enumerate(blocks):
         lane = lanes[i % 2]
-        t0 = mark(lane)
         with torch.cuda.stream(lane):
+            mark(i, 0)
             for lo, hi in ranges:
                 attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
-        flag = torch.cuda.Event(enable_timing=timeline is not None)
+            mark(i, 1)
+        flag = torch.cuda.Event()
         flag.record(lane)
         copier.wait_event(flag)
         with torch.cuda.stream(copier):
-            c0 = mark(copier)
+            mark(i, 2)
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
-            c1 = mark(copier)
-        if timeline is not None:
-            timeline += [(i, "compute", t0, flag), (i, "copy", c0, c1)]
+            mark(i, 3)
     main.wait_stream(second)
     if b > a:
         own_out.copy_(og[:, a:b])

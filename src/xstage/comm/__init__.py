@@ -19,6 +19,9 @@ Device side (`xstage.comm.device`, Triton `@triton.jit` functions; `USE_PTX`/`WA
 - `wait_acquire(p_flag, expected, timeout_ns, p_err, code, WAIT, USE_PTX) -> ok`
 - `use_ptx()` (host): the `USE_PTX` value for this process.
 
+Tracing (`xstage.comm.stamps`): `stamp(out, index)` stores the time a stream reaches it (%globaltimer;
+works inside CUDA graphs; the host clock on CPU).
+
 Error codes (`xstage.comm.stages`): `code = stage << 16 | peer`; `error_code(stage, peer)`,
 `decode_error(word)`, `register_stage(code, name)`; stage id ranges: 1-15 comm/probe, 16-31
 attention, 32-47 MoE.
