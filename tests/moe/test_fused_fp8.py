@@ -165,3 +165,23 @@ def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
     costs8 = _costs(MoEBuffer(dtype="fp8", **kw))
     assert costs8.provenance["dtype"] == "fp8" and _costs(MoEBuffer(dtype="bf16", config=same_blocks, **kw)) != costs8
     assert {r["elem_bytes"] for r in costs8.table} == {1} and {r["block"] for r in costs8.table} == {fp8.block}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy, inside the interpreter, on the non-finite rows
+def test_fp8_layer_propagates_inf_and_nan_to_their_tokens_only_and_completes():
+    """Documented behaviour: a non-finite input value turns its token's whole output row non-finite
+    (NaN or +-inf); every other token is computed as without it (rows are quantized and multiplied
+    independently), and the kernel completes (its waits never depend on values)."""
+    T, E, K, H, I, R = 9, 4, 2, 256, 128, 2
+    x, idx, w, weights = _problem(T, E, K, H, I, R, seed=11)
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R), device="cpu", dtype="fp8", config=CFG)
+    l1, s1, l2, s2 = weights
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1, s1, s2)
+    clean = fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1")
+    bad = x.clone()
+    bad[1, 5], bad[3, 200], bad[6, 7] = float("inf"), float("nan"), float("-inf")
+    y = fused_moe(bad, idx, w, w1t, w2, buf, schedule="lag:1")
+    rows = torch.tensor([1, 3, 6])
+    rest = torch.tensor([t for t in range(T) if t not in rows.tolist()])
+    assert not bool(torch.isfinite(y[rows]).any())
+    assert torch.equal(y[rest], clean[rest])

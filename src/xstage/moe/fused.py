@@ -391,7 +391,9 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
 
     FP8 (a buffer with `dtype="fp8"`): `x` is BF16 `[T, H]`, quantized here 1x128, or a pre-quantized
     pair `(x_fp8, x_scale)` (`x_scale` float32 `[T, H/128]`); `w1t` and `w2` are the `(weights,
-    scales)` pairs of `transform_weights`; `y` is BF16.
+    scales)` pairs of `transform_weights`; `y` is BF16. An Inf or NaN in a token's `x` turns that token's
+    whole output row non-finite (NaN or +-inf) and leaves every other token as it would be; the
+    kernel completes (its waits never depend on values).
 
     `check=True` validates inputs (one host sync for the expert-id range) and raises
     `CommTimeoutError` after the kernels if a wait timed out (another sync). `static=True` with
