@@ -176,7 +176,8 @@ def _ep1_section(ep1: list[dict], chain_name: str = "chain", label: str = "") ->
     if not ratio:
         return []
     const = min(ratio, key=lambda s: (geomean(list(ratio[s].values())), s))
-    lines = ["", f"## EP=1{label}: fused kernel vs the `{chain_name}` compute chain (same routing)", "",
+    what = {"chain": "grouped_mm", "chain_fp8": "FP8 `_scaled_grouped_mm` (`chain_fp8`)"}.get(chain_name, chain_name)
+    lines = ["", f"## EP=1{label}: fused kernel vs the {what} compute chain (same routing)", "",
              "fused / chain per schedule (lower is better; over 1: the fused kernel is slower):", "",
              "| schedule | configs | geomean | min | max | slower in |", "|---|---|---|---|---|---|"]
     for s, r in sorted(ratio.items()):
