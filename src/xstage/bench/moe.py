@@ -17,7 +17,7 @@ path (rows for peers cross PCIe into pinned memory) and records, per variant:
 block-scaled weights; `unfused` and `chain` stay the BF16 pipeline on the weights the FP8 ones were
 quantized from, and EP=1 adds `chain_fp8` (`xstage.moe.baseline.ChainFP8`: eager quantization and
 `torch._scaled_grouped_mm`, the issue's FP8 baseline). FP8 rows carry two accuracy columns, from
-references on the same sorted rows (`fp8_errors`): `err_fp8_ref` (max|y - ref| / max|ref| against
+references on the same sorted rows (`fp8_references`): `err_fp8_ref` (max|y - ref| / max|ref| against
 the FP8-emulating reference) and `fro_f32` (relative Frobenius error against float32 on the
 dequantized weights with unquantized activations). `combine_link_ns` is the time the rows for peers'
 BF16 combine bytes need at the path profile's drain rate: the bound on what FP8 compute can save.
@@ -51,7 +51,6 @@ TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EPS = (2, 4, 8)
 # The grid measures the orders the planner ranks (`xstage.moe.schedule.CANDIDATES`).
 SCHEDULES = CANDIDATES
-BASELINES = ("unfused", "chain", "chain_fp8")
 COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "dtype", "variant", "time_ns", "time_p10_ns",
            "time_p90_ns", "reduce_ns", "tflops", "speedup", "rows", "remote_rows", "combine_link_ns", "block", "ctas",
            "max_err", "err_fp8_ref", "fro_f32"]
