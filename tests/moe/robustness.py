@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from xstage.dtypes import parse_dtype
 from xstage.errors import XstageError
+from xstage.moe.fp8 import FP8, quantize_weights, reference_moe_fp8
 
 # Routings, per rank `rank` of `world`, with E experts and top-K (distinct experts per token).
 ROUTINGS = ("uniform", "top1", "skewed", "one_rank", "one_expert", "empty_rank", "topk_all")
@@ -40,10 +41,17 @@ def routing(kind: str, rank: int, world: int, T: int, E: int, K: int, seed: int 
 
 
 def _inputs(rank, world, T, H, I, E, K, kind, dtype, device):
+    """Every rank holds the same local experts (expert e computes with local expert e % (E / world)).
+    FP8: `l1`, `l2` are (e4m3, 128x128 scales) pairs and `x` is BF16."""
     gen = torch.Generator().manual_seed(1234)
     el = E // world
-    l1 = (torch.randn(el, 2 * I, H, generator=gen) / H**0.5).to(dtype).to(device)
-    l2 = (torch.randn(el, H, I, generator=gen) / I**0.5).to(dtype).to(device)
+    l1 = torch.randn(el, 2 * I, H, generator=gen) / H**0.5
+    l2 = torch.randn(el, H, I, generator=gen) / I**0.5
+    if dtype == FP8:
+        l1, l2 = (tuple(t.to(device) for t in quantize_weights(w)) for w in (l1, l2))
+        dtype = torch.bfloat16
+    else:
+        l1, l2 = l1.to(dtype).to(device), l2.to(dtype).to(device)
     g = torch.Generator().manual_seed(rank + 7)
     x = torch.randn(T, H, generator=g).to(dtype).to(device)
     idx = routing(kind, rank, world, T, E, K).to(device)
@@ -58,7 +66,7 @@ def worker(rank, world, init_file, result_file, case):
     from xstage.moe import BlockConfig, MoEBuffer, fused_moe, reference_moe_dist, transform_weights
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    dtype = parse_dtype(case["dtype"])
+    dtype = parse_dtype(case["dtype"], allowed=("bf16", "fp16", "fp32", "fp8"))
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     out = []
     H, I, E, K = case["shape"]
@@ -74,8 +82,12 @@ def worker(rank, world, init_file, result_file, case):
         return
     for kind in case["routings"]:  # each gives top-K of the case's shape (top1, one_expert: K=1; topk_all: K=E)
         x, idx, w, l1, l2 = _inputs(rank, world, T, H, I, E, K, kind, dtype, device)
-        w1t, w2 = transform_weights(l1, l2, buf.cfg.block_n1)
-        ref = reference_moe_dist(x.float(), idx, w.float(), l1.float(), l2.float(), dtype=torch.float32)
+        if dtype == FP8:  # the FP8-emulating reference, with every expert's (shared) local weights
+            w1t, w2 = transform_weights(l1[0], l2[0], buf.cfg.block_n1, l1[1], l2[1])
+            ref = reference_moe_fp8(x, idx, w, *(t.repeat(world, 1, 1) for t in (*l1, *l2))).float()
+        else:
+            w1t, w2 = transform_weights(l1, l2, buf.cfg.block_n1)
+            ref = reference_moe_dist(x.float(), idx, w.float(), l1.float(), l2.float(), dtype=torch.float32)
         ys = {}
         for s in case["schedules"]:
             rec = {"case": f"{kind}/{s}"}

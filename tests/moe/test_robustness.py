@@ -13,7 +13,10 @@ from tests.moe.robustness import run
 
 GPU_SHAPE = (5120, 1408, 63, 6)
 GPU_TOKENS = 3000
-TOL = {"bf16": 2e-2, "fp16": 2e-2}
+# fp8: against the FP8-emulating reference; in the interpreter its BF16 cast is not round-to-nearest
+TOL = {"bf16": 2e-2, "fp16": 2e-2, "fp8": 2e-2}
+FP8_CPU_BLOCK = dict(block_m=16, block_n1=128, block_n2=64, block_k=128, block_d=32, num_warps=4, num_stages=2,
+                     tma=False)
 
 
 def _case(shape, tokens, routings, dtype, **kw):
@@ -97,6 +100,31 @@ def test_a_dead_rank_is_named_cpu(tmp_path, when):
         rec = recs[r][0]
         assert "error" in rec and "peer 2" in rec["error"], rec
         assert "CommTimeoutError" in rec["error"], rec
+        assert rec["seconds"] < 60, rec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape,routings", [
+    pytest.param((128, 128, 6, 2), ["one_rank", "empty_rank"], id="E6-top2-one-rank-empty-rank"),
+    pytest.param((128, 128, 6, 6), ["topk_all"], id="E6-top6-all"),
+])
+def test_every_legal_routing_completes_cpu_fp8(tmp_path, shape, routings):
+    # e4m3 rows and scales cross to the experts' ranks through the same row pool as BF16
+    case = _case(shape, 24, routings, "fp8", block=FP8_CPU_BLOCK)
+    recs, hung = run(tmp_path, 3, case, timeout_s=600)
+    assert not hung, f"ranks {hung} hung"
+    _assert_correct(recs, 3, "fp8")
+
+
+@pytest.mark.slow
+def test_a_dead_rank_is_named_cpu_fp8(tmp_path):
+    case = _case((128, 128, 6, 2), 12, ["uniform"], "fp8", schedules=["lag:2"], die="during", block=FP8_CPU_BLOCK,
+                 buffer=dict(timeout_ns=3_000_000_000))
+    recs, hung = run(tmp_path, 3, case, timeout_s=240)
+    assert not hung, f"ranks {hung} were left running"
+    for r in (0, 1):
+        rec = recs[r][0]
+        assert "error" in rec and "peer 2" in rec["error"] and "CommTimeoutError" in rec["error"], rec
         assert rec["seconds"] < 60, rec
 
 
