@@ -27,14 +27,14 @@ TIE_TOL = 448 * 2.0**-23 * 64
 
 @triton.jit
 def _linear1_task(p_unit, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_scale, p_ready, H, I,
-                  BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr):
+                  BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, USE_PTX: tl.constexpr):
     # The task's fields come from memory, as _run_task loads them from the task and unit tables.
     u, e, prow = tl.load(p_unit), tl.load(p_unit + 1), tl.load(p_unit + 2)
     n_rows, nb = tl.load(p_unit + 3), tl.load(p_unit + 4)
     # Pointer loads (TMA=False); the descriptor arguments are unused then. The TMA path runs in the
-    # fused layer's tests (tests/moe/test_fused_fp8.py).
+    # fused layer's tests (tests/moe/test_fused_fp8.py). USE_PTX on a GPU: the hardware's e4m3 cast.
     _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv, p_recv_scale, p_w1, p_w1, p_w1_scale, p_act, p_act_scale,
-                 p_ready, H, I, BM, BN1, BK, False, False)
+                 p_ready, H, I, BM, BN1, BK, False, USE_PTX)
 
 
 @triton.jit
@@ -142,7 +142,7 @@ def test_linear1_fp8_matches_the_float64_reference_and_touches_only_its_block(de
     act_s = torch.full((P, I // BLOCK), -7.0)
     ready = torch.zeros(4, dtype=torch.int32)
     dev = [t.to(device, copy=True) for t in (x8, xs, w1, w1s, act, act_s, ready)]  # keep act, act_s as they were
-    _linear1_task[(1,)](unit(n_rows, nb, device), *dev, H, I, BM=BM, BN1=128, BK=128)
+    _linear1_task[(1,)](unit(n_rows, nb, device), *dev, H, I, BM=BM, BN1=128, BK=128, USE_PTX=device != "cpu")
     act_k, act_s_k, ready_k = (t.cpu() for t in dev[4:])
     rows, cols = slice(PROW, PROW + n_rows), slice(nb * BLOCK, (nb + 1) * BLOCK)
     q, s = act_k[rows, cols], act_s_k[rows, nb:nb + 1]
@@ -216,7 +216,7 @@ def test_tile_sizes_off_the_scale_blocks_fail_to_compile(device, which, sizes, m
         if which == "linear1":
             act, act_s = torch.zeros_like(x8), torch.zeros_like(xs)
             ready = torch.zeros(4, dtype=torch.int32, device=device)
-            _linear1_task[(1,)](u, x8, xs, w1, w1s, act, act_s, ready, H, I, BM=BM, **sizes)
+            _linear1_task[(1,)](u, x8, xs, w1, w1s, act, act_s, ready, H, I, BM=BM, USE_PTX=False, **sizes)
         else:
             out = torch.zeros(BM, sizes["BN2"], device=device)
             _linear2_task[(1,)](u, x8, xs, w1, w1s, out, H, I, BM=BM, **sizes)

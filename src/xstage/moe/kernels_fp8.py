@@ -29,11 +29,17 @@ tests use operands whose partial sums the MMA keeps exactly, so they hold the fu
 exactness on the GPU as in the interpreter.
 
 Rounding: `h / s` uses `tl.div_rn` (Triton's plain fp32 `/` is an approximate division on NVIDIA
-GPUs), and the e4m3 rounding (to nearest, ties to even) is done explicitly in float32 by
-`_round_to_e4m3`, after which the cast is exact. Triton 3.9's interpreter casts float32 to fp8 by
-rounding half up and drops the carry of a mantissa that rounds up to the next binade (-0.1219 became
--0.0625), so the CPU tests could not check the kernel's codes against torch's cast otherwise; on the
-GPU the few extra ALU ops per element of a `[BM, 128]` tile are negligible next to its GEMM.
+GPUs). Compiled (`USE_PTX`), the cast to e4m3 is the hardware's `cvt.rn.satfinite` (to nearest, ties
+to even). Triton 3.9's interpreter casts float32 to fp8 by rounding half up and drops the carry of a
+mantissa that rounds up to the next binade (-0.1219 became -0.0625), so without `USE_PTX` the value is
+first rounded to the e4m3 grid in float32 by `_round_to_e4m3`, after which the cast is exact; the CPU
+tests check those codes against torch's cast, the GPU tests the hardware's. (The explicit rounding
+costs about 7 instructions per element, 450 per thread of a `[128, 128]` tile, in the compiled code.)
+
+Scales: each K block's scales are loaded one block ahead, so their load latency hides behind the
+previous block's MMA. Loaded in their own iteration, they were read right after the MMA's wait (the
+FP8 product is not an MMA accumulator, so Triton waits for each `tl.dot` at once) and stalled every
+K block (seen in the sm_90 SASS: the weight scale's `LDG` after `WARPGROUP.DEPBAR`, used at once).
 """
 
 from __future__ import annotations
@@ -90,8 +96,17 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
     p_gs = p_w1_scale + (e.to(tl.int64) * (2 * I // SCALE_BLOCK) + 2 * nb) * nkb
     p_us = p_gs + nkb
     w_row = e * 2 * I + nb * 2 * BN1  # TMA: the gate slab's first weight row, the up slab follows
+    # The K block's scales are loaded one iteration ahead. A scale loaded in its own iteration is read
+    # right after the MMA's wait (a scalar load issued after the dot in program order), and its load
+    # latency then stalls every K block.
+    b_as = tl.load(p_as, mask=m_m, other=0.0)  # masked rows stay 0 (their a is 0 too)
+    s_g = tl.load(p_gs)
+    s_u = tl.load(p_us)
     for kb in range(0, nkb):
-        b_as = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None]  # masked rows stay 0 (their a is 0 too)
+        k_next = tl.minimum(kb + 1, nkb - 1)  # the last block reloads its own scales (never read)
+        n_as = tl.load(p_as + k_next, mask=m_m, other=0.0)
+        n_g = tl.load(p_gs + k_next)
+        n_u = tl.load(p_us + k_next)
         if TMA:
             # Whole [BM, BK] row blocks: rows past n_rows hold stale codes that only reach output rows the
             # epilogue masks (a row's amax and products are its own). Weights arrive K-major, as the FP8
@@ -104,11 +119,12 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
             b_wg = tl.load(p_g)
             b_wu = tl.load(p_u)
         # Raw e4m3 products in float32, scaled once per K block: the order fp8.scaled_linear emulates.
-        b_g += tl.dot(b_a, b_wg, out_dtype=tl.float32) * (b_as * tl.load(p_gs + kb))
-        b_u += tl.dot(b_a, b_wu, out_dtype=tl.float32) * (b_as * tl.load(p_us + kb))
+        b_g += tl.dot(b_a, b_wg, out_dtype=tl.float32) * (b_as[:, None] * s_g)
+        b_u += tl.dot(b_a, b_wu, out_dtype=tl.float32) * (b_as[:, None] * s_u)
         p_a += BK
         p_g += BK
         p_u += BK
+        b_as, s_g, s_u = n_as, n_g, n_u
     b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU in float32
     # 1x128 quantization straight from float32 (no BF16 detour), as fp8.expert_mlp_fp8 does.
     amax = tl.max(tl.abs(b_h), axis=1)  # [BM]
@@ -116,7 +132,11 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
     b_v = tl.div_rn(b_h, b_s[:, None])
     # Clamp first: h / s can round a hair past 448, and an out-of-range cast is not saturating everywhere.
     b_v = tl.minimum(tl.maximum(b_v, -FP8_MAX), FP8_MAX)
-    b_q = _round_to_e4m3(b_v).to(p_act.dtype.element_ty)  # exact cast: b_v is on the e4m3 grid
+    if USE_PTX:
+        b_q = b_v.to(p_act.dtype.element_ty)  # compiled: cvt.rn.satfinite, round to nearest even
+    else:
+        # The interpreter's cast rounds wrongly (module docstring): round first, then the cast is exact.
+        b_q = _round_to_e4m3(b_v).to(p_act.dtype.element_ty)
     p_o = p_act + o_row[:, None] * I + (nb * BN1 + o_n)[None, :]
     tl.store(p_o, b_q, mask=m_m[:, None])
     tl.store(p_act_scale + o_row * (I // SCALE_BLOCK) + nb, b_s, mask=m_m)
@@ -147,15 +167,21 @@ def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2,
     p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
     p_bs = p_w2_scale + (e.to(tl.int64) * (H // SCALE_BLOCK) + (nb * BN2) // SCALE_BLOCK) * nkb
     w_row = e * H + nb * BN2  # TMA: BN2 | 128 | H, so a tile never reads past its expert's rows
+    # Scales one K block ahead, as in _linear1_fp8.
+    b_as = tl.load(p_as, mask=m_m, other=0.0)
+    s_b = tl.load(p_bs)
     for kb in range(0, nkb):
-        b_as = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None]
+        k_next = tl.minimum(kb + 1, nkb - 1)
+        n_as = tl.load(p_as + k_next, mask=m_m, other=0.0)
+        n_b = tl.load(p_bs + k_next)
         if TMA:
             b_a = d_act.load([prow, kb * BK])
             b_b = d_w2.load([w_row, kb * BK]).T
         else:
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
             b_b = tl.load(p_b, mask=m_n[None, :], other=0.0)
-        b_acc += tl.dot(b_a, b_b, out_dtype=tl.float32) * (b_as * tl.load(p_bs + kb))
+        b_acc += tl.dot(b_a, b_b, out_dtype=tl.float32) * (b_as[:, None] * s_b)
         p_a += BK
         p_b += BK
+        b_as, s_b = n_as, n_b
     return b_acc
