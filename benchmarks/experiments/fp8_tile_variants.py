@@ -1,0 +1,264 @@
+"""Why is an FP8 tile barely faster than a BF16 one? Persistent GEMM tiles in isolation, variant by variant.
+
+In the fused MoE kernel an FP8 Linear-1 tile of H1152-I4608-E8-K2 (1024 rows per expert, compute-bound)
+takes 16.3 us against 16.2 us in BF16, and a Linear-2 tile 26.1 us against 29.3 us
+(`benchmarks/results/h200-moe-fp8/tiles/`): 38% of the FP8 tensor-core peak per K block, where BF16
+runs at 69%. Each 128-wide K block's FP8 product must be scaled before it is added, so Triton waits for
+each `tl.dot` at once (the product is no MMA accumulator) and the promotion, the operand barrier and
+the next loads do not overlap the tensor cores. Loading the scales a block ahead changed nothing
+(a547919). This times the tile functions alone, on that shape's tiles, one persistent CTA per SM:
+- `l2:lib` the library's `_linear2_fp8_acc` (8 warps, 4 stages), `l2:w16` the same with 16 warps (four
+  warpgroups, so one's promotion can overlap another's MMA), `l2:k2` two scale blocks per loop step
+  (half the barriers per K), `l2:bm256` 256-row tiles with 16 warps (twice the MMA per barrier),
+  `l2:acc` an FP8 accumulator chain without per-block scales (wrong numbers: the bound of this
+  structure), `l2:bf16` the BF16 accumulator chain of the BF16 kernel (BK 64);
+- `l1:lib` the library's `_linear1_fp8` (SwiGLU, 1x128 requantization), `l1:recip` its epilogue dividing
+  by the scale through one reciprocal per row, `l1:noepi` the K loop alone (stores g + u), `l1:w16` 16
+  warps, `l1:bf16` the library's BF16 `_linear1`.
+Rows: variant, median/p10/p90 us of a launch over all tiles (CUDA events, after warm-up), us per tile
+per SM, TFLOP/s, and the largest difference from the `lib` variant of the same kind (0 where the
+variant computes the same numbers).
+
+    PYTHONPATH=src python3 benchmarks/experiments/fp8_tile_variants.py --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from xstage.env import environment
+from xstage.moe.kernels import _linear1
+from xstage.moe.kernels_fp8 import FP8_MAX, _linear1_fp8, _linear2_fp8_acc
+
+FP8 = torch.float8_e4m3fn
+H, I, E, ROWS_PER_EXPERT = 1152, 4608, 8, 1024  # H1152-I4608-E8-K2 at 4096 tokens, EP=1
+
+
+@triton.jit
+def _l2_lib(p_act, p_as, p_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr,
+            BK: tl.constexpr):
+    n2 = H // BN2
+    for t in range(tl.program_id(0), n_m * n2, tl.num_programs(0)):
+        mb = t // n2
+        nb = t % n2
+        acc = _linear2_fp8_acc(mb * BM // RPE, mb * BM, BM, nb, p_act, p_act, p_as, p_w2, p_w2, p_w2s, H, I, BM, BN2,
+                               BK, False)
+        o_m = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        tl.store(p_out + o_m[:, None] * H + nb * BN2 + tl.arange(0, BN2)[None, :], acc.to(tl.bfloat16))
+
+
+@triton.jit
+def _l2_variant(p_act, p_as, p_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr,
+                BN2: tl.constexpr, BK: tl.constexpr, MODE: tl.constexpr):
+    # MODE 1: two 128-wide scale blocks per loop step; 2: FP8 accumulator chain, no scales (a bound);
+    # 3: BF16 operands, accumulator chain (BK 64).
+    n2 = H // BN2
+    for t in range(tl.program_id(0), n_m * n2, tl.num_programs(0)):
+        mb = t // n2
+        nb = t % n2
+        e = mb * BM // RPE
+        o_m = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        o_n = nb * BN2 + tl.arange(0, BN2)
+        o_k = tl.arange(0, BK)
+        nkb = I // BK
+        p_a = p_act + o_m[:, None] * I + o_k[None, :]
+        p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]
+        p_a_s = p_as + o_m * nkb
+        p_bs = p_w2s + (e.to(tl.int64) * (H // 128) + (nb * BN2) // 128) * nkb
+        acc = tl.zeros([BM, BN2], dtype=tl.float32)
+        if MODE == 1:
+            for kb in range(0, nkb, 2):
+                s0 = tl.load(p_a_s + kb)[:, None] * tl.load(p_bs + kb)
+                s1 = tl.load(p_a_s + kb + 1)[:, None] * tl.load(p_bs + kb + 1)
+                acc += tl.dot(tl.load(p_a), tl.load(p_b), out_dtype=tl.float32) * s0
+                acc += tl.dot(tl.load(p_a + BK), tl.load(p_b + BK), out_dtype=tl.float32) * s1
+                p_a += 2 * BK
+                p_b += 2 * BK
+        else:
+            for _kb in range(0, nkb):
+                acc = tl.dot(tl.load(p_a), tl.load(p_b), acc, out_dtype=tl.float32)
+                p_a += BK
+                p_b += BK
+        tl.store(p_out + o_m[:, None] * H + o_n[None, :], acc.to(tl.bfloat16))
+
+
+@triton.jit
+def _l1_lib(p_recv, p_rs, p_w1, p_w1s, p_act, p_as, p_ready, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr,
+            BN1: tl.constexpr, BK: tl.constexpr, FP8_TILE: tl.constexpr):
+    n1 = I // BN1
+    for t in range(tl.program_id(0), n_m * n1, tl.num_programs(0)):
+        mb = t // n1
+        if FP8_TILE:
+            _linear1_fp8(t, mb * BM // RPE, mb * BM, BM, t % n1, p_recv, p_recv, p_rs, p_w1, p_w1, p_w1s, p_act, p_as,
+                         p_ready, H, I, BM, BN1, BK, False, True)
+        else:
+            _linear1(t, mb * BM // RPE, mb * BM, BM, t % n1, p_recv, p_recv, p_w1, p_w1, p_act, p_ready, H, I, BM, BN1,
+                     BK, False, True)
+
+
+@triton.jit
+def _l1_variant(p_recv, p_rs, p_w1, p_w1s, p_act, p_as, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr,
+                BN1: tl.constexpr, BK: tl.constexpr, EPI: tl.constexpr):
+    # The library's K loop; EPI 1: quantize through one reciprocal per row; 2: no epilogue (stores g + u).
+    n1 = I // BN1
+    for t in range(tl.program_id(0), n_m * n1, tl.num_programs(0)):
+        mb = t // n1
+        nb = t % n1
+        e = mb * BM // RPE
+        o_row = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        o_n = tl.arange(0, BN1)
+        o_k = tl.arange(0, BK)
+        nkb = H // BK
+        b_g = tl.zeros([BM, BN1], dtype=tl.float32)
+        b_u = tl.zeros([BM, BN1], dtype=tl.float32)
+        p_a = p_recv + o_row[:, None] * H + o_k[None, :]
+        p_a_s = p_rs + o_row * nkb
+        p_g = p_w1 + e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
+        p_u = p_g + BN1 * H
+        p_gs = p_w1s + (e.to(tl.int64) * (2 * I // 128) + 2 * nb) * nkb
+        p_us = p_gs + nkb
+        for kb in range(0, nkb):
+            b_s = tl.load(p_a_s + kb)[:, None]
+            b_a = tl.load(p_a)
+            b_g += tl.dot(b_a, tl.load(p_g), out_dtype=tl.float32) * (b_s * tl.load(p_gs + kb))
+            b_u += tl.dot(b_a, tl.load(p_u), out_dtype=tl.float32) * (b_s * tl.load(p_us + kb))
+            p_a += BK
+            p_g += BK
+            p_u += BK
+        p_o = p_act + o_row[:, None] * I + (nb * BN1 + o_n)[None, :]
+        if EPI == 2:
+            tl.store(p_o, (b_g + b_u).to(p_act.dtype.element_ty))
+        else:
+            b_h = b_g * tl.sigmoid(b_g) * b_u
+            amax = tl.max(tl.abs(b_h), axis=1)
+            b_sc = tl.where(amax == 0, 1.0, tl.div_rn(amax, FP8_MAX))
+            b_v = b_h * tl.div_rn(1.0, b_sc)[:, None]
+            b_v = tl.minimum(tl.maximum(b_v, -FP8_MAX), FP8_MAX)
+            tl.store(p_o, b_v.to(p_act.dtype.element_ty))
+            tl.store(p_as + o_row * (I // 128) + nb, b_sc)
+
+
+def _fp8_data(shape, g, dev):
+    return (torch.randn(shape, generator=g, device=dev) * 2).clamp(-8, 8).to(FP8)
+
+
+def _scales(shape, g, dev, base):
+    return (torch.rand(shape, generator=g, device=dev) + 0.5) * base
+
+
+def run(out_dir: Path, warmup: int, rep: int) -> list[dict]:
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    P = E * ROWS_PER_EXPERT
+    n_m = P // 128
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    recv, recv_s = _fp8_data((P, H), g, dev), _scales((P, H // 128), g, dev, 0.1)
+    w1, w1_s = _fp8_data((E * 2 * I, H), g, dev), _scales((E, 2 * I // 128, H // 128), g, dev, 0.01)
+    act, act_s = _fp8_data((P, I), g, dev), _scales((P, I // 128), g, dev, 0.1)
+    w2, w2_s = _fp8_data((E * H, I), g, dev), _scales((E, H // 128, I // 128), g, dev, 0.01)
+    recv16, w1_16 = recv.to(torch.bfloat16), w1.to(torch.bfloat16)
+    act16, w2_16 = act.to(torch.bfloat16), w2.to(torch.bfloat16)
+    ready = torch.zeros(n_m * (I // 128), dtype=torch.int32, device=dev)
+
+    def l2(variant):
+        out = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
+        bm, warps, stages = (256, 16, 3) if variant == "bm256" else (128, 16 if variant == "w16" else 8, 4)
+        n = P // bm
+        if variant in ("lib", "w16", "bm256"):
+            launch = lambda: _l2_lib[(sms,)](act, act_s, w2, w2_s, out, H, I, n, RPE=ROWS_PER_EXPERT, BM=bm,  # noqa: E731
+                                             BN2=128, BK=128, num_warps=warps, num_stages=stages)
+        else:
+            mode, bk = {"k2": (1, 128), "acc": (2, 128), "bf16": (3, 64)}[variant]
+            a, w = (act16, w2_16) if variant == "bf16" else (act, w2)
+            launch = lambda: _l2_variant[(sms,)](a, act_s, w, w2_s, out, H, I, n, RPE=ROWS_PER_EXPERT, BM=bm,  # noqa: E731
+                                                 BN2=128, BK=bk, MODE=mode, num_warps=warps,
+                                                 num_stages=3 if variant == "k2" else stages)
+        return launch, (out,), 2.0 * P * H * I
+
+    def l1(variant):
+        a_out = torch.zeros(P, I, dtype=torch.bfloat16 if variant == "bf16" else FP8, device=dev)
+        s_out = torch.zeros(P, I // 128, device=dev)
+        warps = 16 if variant == "w16" else 8
+        if variant in ("lib", "w16", "bf16"):
+            fp8 = variant != "bf16"
+            args = (recv, recv_s, w1, w1_s) if fp8 else (recv16, recv_s, w1_16, w1_s)
+            launch = lambda: _l1_lib[(sms,)](*args, a_out, s_out, ready, H, I, n_m, RPE=ROWS_PER_EXPERT, BM=128,  # noqa: E731
+                                             BN1=128, BK=128 if fp8 else 64, FP8_TILE=fp8, num_warps=warps,
+                                             num_stages=4)
+        else:
+            epi = {"recip": 1, "noepi": 2}[variant]
+            launch = lambda: _l1_variant[(sms,)](recv, recv_s, w1, w1_s, a_out, s_out, H, I, n_m,  # noqa: E731
+                                                 RPE=ROWS_PER_EXPERT, BM=128, BN1=128, BK=128, EPI=epi, num_warps=8,
+                                                 num_stages=4)
+        return launch, (a_out, s_out), 2.0 * P * H * 2 * I
+
+    cases = [("l2", v, l2) for v in ("lib", "w16", "k2", "bm256", "acc", "bf16")]
+    cases += [("l1", v, l1) for v in ("lib", "recip", "noepi", "w16", "bf16")]
+    rows, ref = [], {}
+    labels = {k: v for k, v in environment().items() if k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
+    for kind, variant, make in cases:
+        row = dict(kind=kind, variant=variant)
+        try:
+            launch, outs, flops = make(variant)
+            launch()
+            torch.cuda.synchronize()
+            if variant == "lib":
+                ref[kind] = [o.float().clone() for o in outs]
+            diff = max(float((o.float() - r).abs().max()) for o, r in zip(outs, ref[kind]))
+            for _ in range(warmup):
+                launch()
+            times = []
+            for _ in range(rep):
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record()
+                launch()
+                t1.record()
+                t1.synchronize()
+                times.append(t0.elapsed_time(t1) * 1e3)
+            q = statistics.quantiles(times, n=10)
+            med = statistics.median(times)
+            tiles = (P // (256 if variant == "bm256" else 128)) * (H // 128 if kind == "l2" else I // 128)
+            row.update(median_us=med, p10_us=q[0], p90_us=q[-1], tiles=tiles,
+                       us_per_tile_sm=med * sms / tiles, tflops=flops / med / 1e6, max_diff_vs_lib=diff)
+        except Exception as ex:  # a variant that fails to compile or run is reported, the rest go on
+            row.update(error=f"{type(ex).__name__}: {str(ex).splitlines()[0][:160] if str(ex) else ''}")
+        row.update(labels)
+        rows.append(row)
+        print(row, flush=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out_dir / "fp8_tile_variants.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rep", type=int, default=20)
+    args = ap.parse_args(argv)
+    rows = run(Path(args.out), args.warmup, args.rep)
+    print("| kind | variant | median us | p10 | p90 | us/tile/SM | TFLOP/s | max diff vs lib |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['kind']} | {r['variant']} | {r['error']} |")
+        else:
+            print(f"| {r['kind']} | {r['variant']} | {r['median_us']:.1f} | {r['p10_us']:.1f} | {r['p90_us']:.1f} | "
+                  f"{r['us_per_tile_sm']:.2f} | {r['tflops']:.0f} | {r['max_diff_vs_lib']:.3g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
