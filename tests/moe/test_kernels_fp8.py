@@ -43,7 +43,7 @@ def _linear2_task(p_unit, p_act, p_act_scale, p_w2, p_w2_scale, p_out, H, I,
     e, prow = tl.load(p_unit + 1), tl.load(p_unit + 2)
     n_rows, nb = tl.load(p_unit + 3), tl.load(p_unit + 4)
     acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, p_act, p_act_scale, p_w2, p_w2, p_w2_scale, H, I, BM, BN2, BK,
-                           False)
+                           False, 2)
     o_m, o_n = tl.arange(0, BM), tl.arange(0, BN2)
     tl.store(p_out + o_m[:, None] * BN2 + o_n[None, :], acc)  # the whole tile, masked rows included
 
@@ -173,7 +173,8 @@ def test_linear1_fp8_matches_the_float64_reference_and_touches_only_its_block(de
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("BN2,nb", [(64, 3), (64, 0), (128, 1)], ids=["BN64-last", "BN64-first", "BN128-last"])
-def test_linear2_fp8_acc_matches_the_float64_reference(device, BN2, nb):
+@pytest.mark.parametrize("I", [I, I + BLOCK], ids=["K-pairs", "K-pairs+1"])  # the loop takes K blocks in pairs
+def test_linear2_fp8_acc_matches_the_float64_reference(device, BN2, nb, I):
     BM = tile_m(device)
     n_rows = BM - 5
     g = torch.Generator().manual_seed(1)
@@ -197,6 +198,10 @@ def test_linear2_fp8_acc_matches_the_float64_reference(device, BN2, nb):
     ws_off = ws.clone()
     ws_off[EXPERT, nb * BN2 // BLOCK] *= 1.01
     assert not close(deq64(a8, a_s, 1)[rows] @ deq64(w8, ws_off, BLOCK)[EXPERT, cols].T)
+    # ... or the last K block's activation scales off by 1% (with an odd count, the block after the pairs).
+    a_s_off = a_s.clone()
+    a_s_off[:, -1] *= 1.01
+    assert not close(deq64(a8, a_s_off, 1)[rows] @ deq64(w8, ws, BLOCK)[EXPERT, cols].T)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -312,6 +312,9 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
         TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, FP8=buf.fp8, WAIT=wait, USE_PTX=use_ptx,
         TRACE=trace is not None, **opts,
+        # The FP8 Linear-2 loop takes two K blocks per step: one stage fewer keeps its shared memory
+        # within the Linear-1 loop's (3 x 64 KiB against 4 x 48 KiB at the default tiles).
+        PAIR_STAGES=max(1, c.num_stages - 1),
     )
     grid = (p.schedule.num_ctas,)
     if compile_only:

@@ -144,7 +144,7 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
              p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
              p_act_scale, p_w2_scale,
              STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
-             PACED: tl.constexpr, FP8: tl.constexpr, USE_PTX: tl.constexpr):
+             PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, USE_PTX: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
@@ -152,7 +152,7 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
     b_acc = tl.zeros([BM, BN2], dtype=tl.float32)
     if FP8:
         b_acc = _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2, p_w2_scale, H, I, BM,
-                                 BN2, BK, TMA)
+                                 BN2, BK, TMA, PAIR_STAGES)
     elif TMA:
         w_row = e * H + nb * BN2  # columns past H read the next expert's rows; the store masks them
         for k in range(0, I, BK):
@@ -192,8 +192,8 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
               STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, STAGE_SLOT: tl.constexpr,
               TASK_COLS: tl.constexpr,
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
-              TMA: tl.constexpr, PACED: tl.constexpr, FP8: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr,
-              TRACE: tl.constexpr):
+              TMA: tl.constexpr, PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr,
+              USE_PTX: tl.constexpr, TRACE: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -231,7 +231,7 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
         else:
             _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
                      p_comb_delta, p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
-                     max_spins, p_act_scale, p_w2_scale, STAGE_PACE, BM, BN2, BK, TMA, PACED, FP8, USE_PTX)
+                     max_spins, p_act_scale, p_w2_scale, STAGE_PACE, BM, BN2, BK, TMA, PACED, FP8, PAIR_STAGES, USE_PTX)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
             # recorded with the CTA at the task's position in the global order.
@@ -254,7 +254,7 @@ def moe_main_kernel(
     STAGE_SLOT: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
-    FP8: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
+    FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -276,7 +276,7 @@ def moe_main_kernel(
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
                       p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
                       STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
@@ -285,7 +285,7 @@ def moe_main_kernel(
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
                       p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
                       STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:

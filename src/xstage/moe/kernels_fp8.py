@@ -36,10 +36,6 @@ first rounded to the e4m3 grid in float32 by `_round_to_e4m3`, after which the c
 tests check those codes against torch's cast, the GPU tests the hardware's. (The explicit rounding
 costs about 7 instructions per element, 450 per thread of a `[128, 128]` tile, in the compiled code.)
 
-Scales: each K block's scales are loaded one block ahead, so their load latency hides behind the
-previous block's MMA. Loaded in their own iteration, they were read right after the MMA's wait (the
-FP8 product is not an MMA accumulator, so Triton waits for each `tl.dot` at once) and stalled every
-K block (seen in the sm_90 SASS: the weight scale's `LDG` after `WARPGROUP.DEPBAR`, used at once).
 """
 
 from __future__ import annotations
@@ -96,17 +92,8 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
     p_gs = p_w1_scale + (e.to(tl.int64) * (2 * I // SCALE_BLOCK) + 2 * nb) * nkb
     p_us = p_gs + nkb
     w_row = e * 2 * I + nb * 2 * BN1  # TMA: the gate slab's first weight row, the up slab follows
-    # The K block's scales are loaded one iteration ahead. A scale loaded in its own iteration is read
-    # right after the MMA's wait (a scalar load issued after the dot in program order), and its load
-    # latency then stalls every K block.
-    b_as = tl.load(p_as, mask=m_m, other=0.0)  # masked rows stay 0 (their a is 0 too)
-    s_g = tl.load(p_gs)
-    s_u = tl.load(p_us)
     for kb in range(0, nkb):
-        k_next = tl.minimum(kb + 1, nkb - 1)  # the last block reloads its own scales (never read)
-        n_as = tl.load(p_as + k_next, mask=m_m, other=0.0)
-        n_g = tl.load(p_gs + k_next)
-        n_u = tl.load(p_us + k_next)
+        b_as = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None]  # masked rows stay 0 (their a is 0 too)
         if TMA:
             # Whole [BM, BK] row blocks: rows past n_rows hold stale codes that only reach output rows the
             # epilogue masks (a row's amax and products are its own). Weights arrive K-major, as the FP8
@@ -119,12 +106,11 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
             b_wg = tl.load(p_g)
             b_wu = tl.load(p_u)
         # Raw e4m3 products in float32, scaled once per K block: the order fp8.scaled_linear emulates.
-        b_g += tl.dot(b_a, b_wg, out_dtype=tl.float32) * (b_as[:, None] * s_g)
-        b_u += tl.dot(b_a, b_wu, out_dtype=tl.float32) * (b_as[:, None] * s_u)
+        b_g += tl.dot(b_a, b_wg, out_dtype=tl.float32) * (b_as * tl.load(p_gs + kb))
+        b_u += tl.dot(b_a, b_wu, out_dtype=tl.float32) * (b_as * tl.load(p_us + kb))
         p_a += BK
         p_g += BK
         p_u += BK
-        b_as, s_g, s_u = n_as, n_g, n_u
     b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU in float32
     # 1x128 quantization straight from float32 (no BF16 detour), as fp8.expert_mlp_fp8 does.
     amax = tl.max(tl.abs(b_h), axis=1)  # [BM]
@@ -147,10 +133,29 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
 
 
 @triton.jit
+def _scaled_block(p_a, p_b, d_act, d_w2, prow, w_row, kb, m_m, m_n, p_as, p_bs, BK: tl.constexpr, TMA: tl.constexpr):
+    """K block `kb` of a Linear-2 tile: the raw e4m3 product in float32 times its scales."""
+    b_s = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None] * tl.load(p_bs + kb)
+    if TMA:
+        b_a = d_act.load([prow, kb * BK])
+        b_b = d_w2.load([w_row, kb * BK]).T
+    else:
+        b_a = tl.load(p_a + kb * BK, mask=m_m[:, None], other=0.0)
+        b_b = tl.load(p_b + kb * BK, mask=m_n[None, :], other=0.0)
+    return tl.dot(b_a, b_b, out_dtype=tl.float32) * b_s
+
+
+@triton.jit
 def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2, p_w2_scale, H, I,
-                     BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr):
+                     BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
+                     PAIR_STAGES: tl.constexpr):
     """float32 `[BM, BN2]` Linear-2 accumulator of output columns `nb * BN2 ..` (rows past `n_rows` and
-    columns past H are 0); the caller rounds it to BF16 and stores it."""
+    columns past H are 0); the caller rounds it to BF16 and stores it.
+
+    Two K blocks per loop step (and `PAIR_STAGES` of these steps in flight): each step ends in a barrier
+    before the next operands land, and the FP8 product's wait leaves nothing to overlap it, so halving
+    the steps made H1152-I4608-E8-K2's Linear-2 tiles 1.33x faster on their own
+    (`benchmarks/experiments/fp8_tile_variants.py`). A pair step holds twice a single step's operands."""
     tl.static_assert(BK == SCALE_BLOCK, "BK must be 128 on the FP8 path (one scale block per K step)")
     # BN2 | 128: all of a tile's output columns lie in one 128-row weight block, so one scale per K step.
     tl.static_assert(SCALE_BLOCK % BN2 == 0, "BN2 must divide 128 on the FP8 path (one weight-scale row per tile)")
@@ -167,21 +172,9 @@ def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2,
     p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
     p_bs = p_w2_scale + (e.to(tl.int64) * (H // SCALE_BLOCK) + (nb * BN2) // SCALE_BLOCK) * nkb
     w_row = e * H + nb * BN2  # TMA: BN2 | 128 | H, so a tile never reads past its expert's rows
-    # Scales one K block ahead, as in _linear1_fp8.
-    b_as = tl.load(p_as, mask=m_m, other=0.0)
-    s_b = tl.load(p_bs)
-    for kb in range(0, nkb):
-        k_next = tl.minimum(kb + 1, nkb - 1)
-        n_as = tl.load(p_as + k_next, mask=m_m, other=0.0)
-        n_b = tl.load(p_bs + k_next)
-        if TMA:
-            b_a = d_act.load([prow, kb * BK])
-            b_b = d_w2.load([w_row, kb * BK]).T
-        else:
-            b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
-            b_b = tl.load(p_b, mask=m_n[None, :], other=0.0)
-        b_acc += tl.dot(b_a, b_b, out_dtype=tl.float32) * (b_as[:, None] * s_b)
-        p_a += BK
-        p_b += BK
-        b_as, s_b = n_as, n_b
+    for kb in tl.range(0, nkb - 1, 2, num_stages=PAIR_STAGES):
+        b_acc += _scaled_block(p_a, p_b, d_act, d_w2, prow, w_row, kb, m_m, m_n, p_as, p_bs, BK, TMA)
+        b_acc += _scaled_block(p_a, p_b, d_act, d_w2, prow, w_row, kb + 1, m_m, m_n, p_as, p_bs, BK, TMA)
+    if nkb % 2 == 1:  # an odd number of K blocks: the last one alone
+        b_acc += _scaled_block(p_a, p_b, d_act, d_w2, prow, w_row, nkb - 1, m_m, m_n, p_as, p_bs, BK, TMA)
     return b_acc
