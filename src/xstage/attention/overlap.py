@@ -174,15 +174,18 @@ def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor
 
 
 def _side_streams(device: torch.device):
-    """(copy stream, second compute stream) of `device`, made once and kept."""
+    """(copy stream, second compute stream, two high-priority compute streams) of `device`, made once
+    and kept."""
     if device not in _STREAMS:
-        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+        # torch maps a priority past the device's range to its highest
+        urgent = (torch.cuda.Stream(device, priority=-100), torch.cuda.Stream(device, priority=-100))
+        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device), urgent)
     return _STREAMS[device]
 
 
 def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
                 stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None,
-                stamps: torch.Tensor | None = None) -> None:
+                stamps: torch.Tensor | None = None, remote_first: bool = False) -> None:
     """Attention of this rank's heads block by block into `og` (`[B, S, h_r, D]`, a view of a
     sequence-major buffer), each finished block's remote rows copied by the copy engine into
     `stage_peers` while the next block computes, and the own rows into `own_out` (`[B, S_r, h_r, D]`).
@@ -190,7 +193,12 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
 
     `stamps` (optional, int64 `[blocks, 4]` on `og`'s device, for traces): per block the times
     (`xstage.comm.stamps`, ns) at which its stream starts and ends its attention and at which the copy
-    stream starts and ends its copies; they work inside CUDA graphs. Read them after a synchronize."""
+    stream starts and ends its copies; they work inside CUDA graphs. Read them after a synchronize.
+
+    `remote_first`: the remote blocks alternate between two high-priority streams and the own block
+    (the last) runs on the caller's stream from the start, so the SMs serve the remote blocks' tiles
+    first and the own block's tiles fill what they leave free; otherwise the blocks alternate
+    between the caller's stream and a second one at equal priority."""
     og_seq = og.transpose(0, 1)
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
@@ -221,12 +229,13 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
             own_out.copy_(og[:, a:b])
         return
     main = torch.cuda.current_stream(og.device)
-    copier, second = _side_streams(og.device)
-    for s in (copier, second):
+    copier, second, urgent = _side_streams(og.device)
+    lanes = urgent if remote_first else (main, second)
+    side = [copier, *(s for s in lanes if s is not main)]
+    for s in side:
         s.wait_stream(main)  # nothing may start before the inputs of this call exist
-    lanes = (main, second)
     for i, ranges in enumerate(blocks):
-        lane = lanes[i % 2]
+        lane = main if remote_first and i == len(blocks) - 1 else lanes[i % 2]
         with torch.cuda.stream(lane):
             mark(i, 0)
             for lo, hi in ranges:
@@ -240,9 +249,10 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
             for lo, hi in ranges:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
             mark(i, 3)
-    main.wait_stream(second)
+    for s in side[1:]:
+        main.wait_stream(s)
     if b > a:
-        own_out.copy_(og[:, a:b])
+        own_out.copy_(og[:, a:b])  # beside the last sends
     main.wait_stream(copier)
 
 
