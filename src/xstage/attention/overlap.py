@@ -174,18 +174,15 @@ def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor
 
 
 def _side_streams(device: torch.device):
-    """(copy stream, second compute stream, two high-priority compute streams) of `device`, made once
-    and kept."""
+    """(copy stream, two more compute streams) of `device`, made once and kept."""
     if device not in _STREAMS:
-        # torch maps a priority past the device's range to its highest
-        urgent = (torch.cuda.Stream(device, priority=-100), torch.cuda.Stream(device, priority=-100))
-        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device), urgent)
+        _STREAMS[device] = tuple(torch.cuda.Stream(device) for _ in range(3))
     return _STREAMS[device]
 
 
 def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
                 stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None,
-                stamps: torch.Tensor | None = None, remote_first: bool = False) -> None:
+                stamps: torch.Tensor | None = None, own_first: bool = False) -> None:
     """Attention of this rank's heads block by block into `og` (`[B, S, h_r, D]`, a view of a
     sequence-major buffer), each finished block's remote rows copied by the copy engine into
     `stage_peers` while the next block computes, and the own rows into `own_out` (`[B, S_r, h_r, D]`).
@@ -195,10 +192,9 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
     (`xstage.comm.stamps`, ns) at which its stream starts and ends its attention and at which the copy
     stream starts and ends its copies; they work inside CUDA graphs. Read them after a synchronize.
 
-    `remote_first`: the remote blocks alternate between two high-priority streams and the own block
-    (the last) runs on the caller's stream from the start, so the SMs serve the remote blocks' tiles
-    first and the own block's tiles fill what they leave free; otherwise the blocks alternate
-    between the caller's stream and a second one at equal priority."""
+    `own_first`: the own block (the last) is launched first, on the caller's stream, and the remote
+    blocks then alternate between two other streams; otherwise all blocks alternate between the
+    caller's stream and a second one, in order."""
     og_seq = og.transpose(0, 1)
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
@@ -229,26 +225,36 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
             own_out.copy_(og[:, a:b])
         return
     main = torch.cuda.current_stream(og.device)
-    copier, second, urgent = _side_streams(og.device)
-    lanes = urgent if remote_first else (main, second)
+    copier, second, third = _side_streams(og.device)
+    n = len(blocks)
+    own_first = own_first and n > 1
+    lanes = (second, third) if own_first else (main, second)
     side = [copier, *(s for s in lanes if s is not main)]
     for s in side:
         s.wait_stream(main)  # nothing may start before the inputs of this call exist
-    for i, ranges in enumerate(blocks):
-        lane = main if remote_first and i == len(blocks) - 1 else lanes[i % 2]
-        with torch.cuda.stream(lane):
-            mark(i, 0)
-            for lo, hi in ranges:
-                attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
-            mark(i, 1)
-        flag = torch.cuda.Event()
-        flag.record(lane)
-        copier.wait_event(flag)
+    flags = [torch.cuda.Event() for _ in blocks]
+
+    def send(i: int) -> None:
+        copier.wait_event(flags[i])
         with torch.cuda.stream(copier):
             mark(i, 2)
-            for lo, hi in ranges:
+            for lo, hi in blocks[i]:
                 send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
             mark(i, 3)
+
+    for i in ([n - 1, *range(n - 1)] if own_first else range(n)):
+        lane = main if own_first and i == n - 1 else lanes[i % 2]
+        with torch.cuda.stream(lane):
+            mark(i, 0)
+            for lo, hi in blocks[i]:
+                attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
+            mark(i, 1)
+        flags[i].record(lane)
+        if not own_first:
+            send(i)
+    if own_first:  # the copies in block order, the own block's (none) last
+        for i in range(n):
+            send(i)
     for s in side[1:]:
         main.wait_stream(s)
     if b > a:
