@@ -42,7 +42,7 @@ from xstage.results import time_device
 from xstage.results.io import ResultWriter
 from xstage.results.tables import markdown_table
 
-COLUMNS = ["tokens", "P", "heads", "dim", "variant", "own_first", "block", "rows", "remote_rows", "compute_start_us",
+COLUMNS = ["tokens", "P", "heads", "dim", "variant", "block", "rows", "remote_rows", "compute_start_us",
            "compute_end_us", "compute_us", "alone_us", "slowdown", "gap_us", "copy_start_us", "copy_end_us",
            "copy_us", "copy_bytes", "stamped_us", "total_us", "attention_us", "overhead"]
 
@@ -64,8 +64,7 @@ def _setup(T: int, P: int, H: int, D: int, dev):
     return plan, (qg, kg, vg), fc, stage, own_out
 
 
-def trace_config(T: int, P: int, H: int, D: int, variant: str, reps: int, dev, own_first: bool = False
-                 ) -> list[dict]:
+def trace_config(T: int, P: int, H: int, D: int, variant: str, reps: int, dev) -> list[dict]:
     plan, (qg, kg, vg), fc, stage, own_out = _setup(T, P, H, D, dev)
     ex = parse_exchange(variant)
     og = empty_gathered_out(plan, torch.bfloat16, dev)
@@ -81,12 +80,11 @@ def trace_config(T: int, P: int, H: int, D: int, variant: str, reps: int, dev, o
         attend(ex.core, qg, kg, vg, og, config=fc)
 
     def exchange():
-        run_overlap(plan, ex, qg, kg, vg, og, own_out, stage.peers, config=fc, own_first=own_first)
+        run_overlap(plan, ex, qg, kg, vg, og, own_out, stage.peers, config=fc)
 
     def stamped():
         stamp(ends, 0)
-        run_overlap(plan, ex, qg, kg, vg, og, own_out, stage.peers, config=fc, stamps=stamps,
-                    own_first=own_first)
+        run_overlap(plan, ex, qg, kg, vg, og, own_out, stage.peers, config=fc, stamps=stamps)
         stamp(ends, 1)
 
     def blocks_alone():
@@ -117,8 +115,7 @@ def trace_config(T: int, P: int, H: int, D: int, variant: str, reps: int, dev, o
         rows_i = sum(hi - lo for lo, hi in ranges)
         remote = sum(max(0, min(hi, a) - lo) + max(0, hi - max(lo, b)) for lo, hi in ranges)
         cs, ce, ks, ke = (float(v) for v in t[i])
-        rows.append(dict(tokens=T, P=P, heads=H, dim=D, variant=variant, own_first=int(own_first), block=i,
-                         rows=rows_i, remote_rows=remote,
+        rows.append(dict(tokens=T, P=P, heads=H, dim=D, variant=variant, block=i, rows=rows_i, remote_rows=remote,
                          compute_start_us=cs, compute_end_us=ce, compute_us=ce - cs, alone_us=float(al[i]),
                          slowdown=(ce - cs) / float(al[i]) if al[i] > 0 else math.nan, gap_us=cs - prev_end,
                          copy_start_us=ks, copy_end_us=ke, copy_us=ke - ks, copy_bytes=remote * h * D * 2,
@@ -135,27 +132,24 @@ def main(argv=None) -> int:
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--variants", default="overlap:cudnn:4:waves,overlap:cudnn:3:waves")
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--own-first", default="0,1", help="run_overlap's own_first, each value in turn")
     args = ap.parse_args(argv)
     dev = torch.device("cuda", torch.cuda.current_device())
     out = Path(args.out)
-    writer = ResultWriter(out / "overlap_trace.csv", COLUMNS, ["tokens", "P", "variant", "own_first", "block"],
-                          require_commit=True)
+    writer = ResultWriter(out / "overlap_trace.csv", COLUMNS, ["tokens", "P", "variant", "block"], require_commit=True)
     summary = []
     for P in (int(p) for p in args.worlds.split(",")):
         for T in (int(t) for t in args.tokens.split(",")):
             for v in args.variants.split(","):
-                for rf in (bool(int(x)) for x in args.own_first.split(",")):
-                    rows = trace_config(T, P, 24, 128, v, args.reps, dev, rf)
-                    writer.write_many(rows)
-                    last = rows[-1]  # the own block
-                    summary.append(dict(tokens=T, P=P, variant=v, own_first=int(rf),
-                                        overhead=f"{last['overhead']:.3f}",
-                                        remote_end_us=f"{max(r['compute_end_us'] for r in rows[:-1]):.0f}",
-                                        own_end_us=f"{last['compute_end_us']:.0f}",
-                                        last_copy_end_us=f"{max(r['copy_end_us'] for r in rows[:-1]):.0f}",
-                                        total_us=f"{last['total_us']:.0f}", attention_us=f"{last['attention_us']:.0f}"))
-                    torch.cuda.empty_cache()
+                rows = trace_config(T, P, 24, 128, v, args.reps, dev)
+                writer.write_many(rows)
+                last = rows[-1]
+                summary.append(dict(tokens=T, P=P, variant=v, overhead=f"{last['overhead']:.3f}",
+                                    alone_sum_us=f"{sum(r['alone_us'] for r in rows):.0f}",
+                                    gaps_us=f"{sum(r['gap_us'] for r in rows[1:]):.0f}",
+                                    extra_compute_us=f"{sum(r['compute_us'] - r['alone_us'] for r in rows):.0f}",
+                                    tail_copy_us=f"{max(r['copy_end_us'] for r in rows) - last['compute_end_us']:.0f}",
+                                    total_us=f"{last['total_us']:.0f}", attention_us=f"{last['attention_us']:.0f}"))
+                torch.cuda.empty_cache()
     print(markdown_table(summary, list(summary[0])))
     return 0
 

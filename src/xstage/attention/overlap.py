@@ -174,15 +174,15 @@ def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor
 
 
 def _side_streams(device: torch.device):
-    """(copy stream, two more compute streams) of `device`, made once and kept."""
+    """(copy stream, second compute stream) of `device`, made once and kept."""
     if device not in _STREAMS:
-        _STREAMS[device] = tuple(torch.cuda.Stream(device) for _ in range(3))
+        _STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
     return _STREAMS[device]
 
 
 def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, own_out: torch.Tensor,
                 stage_peers, *, softmax_scale=None, config: FlashConfig | None = None, on_send=None,
-                stamps: torch.Tensor | None = None, own_first: bool = False) -> None:
+                stamps: torch.Tensor | None = None) -> None:
     """Attention of this rank's heads block by block into `og` (`[B, S, h_r, D]`, a view of a
     sequence-major buffer), each finished block's remote rows copied by the copy engine into
     `stage_peers` while the next block computes, and the own rows into `own_out` (`[B, S_r, h_r, D]`).
@@ -190,11 +190,7 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
 
     `stamps` (optional, int64 `[blocks, 4]` on `og`'s device, for traces): per block the times
     (`xstage.comm.stamps`, ns) at which its stream starts and ends its attention and at which the copy
-    stream starts and ends its copies; they work inside CUDA graphs. Read them after a synchronize.
-
-    `own_first`: the own block (the last) is launched first, on the caller's stream, and the remote
-    blocks then alternate between two other streams; otherwise all blocks alternate between the
-    caller's stream and a second one, in order."""
+    stream starts and ends its copies; they work inside CUDA graphs. Read them after a synchronize."""
     og_seq = og.transpose(0, 1)
     if not og_seq.is_contiguous():
         raise InputError("og: expected a view of a sequence-major [S, B, h, D] buffer")
@@ -225,40 +221,28 @@ def run_overlap(plan: UlyssesPlan, ex: Exchange, qg, kg, vg, og: torch.Tensor, o
             own_out.copy_(og[:, a:b])
         return
     main = torch.cuda.current_stream(og.device)
-    copier, second, third = _side_streams(og.device)
-    n = len(blocks)
-    own_first = own_first and n > 1
-    lanes = (second, third) if own_first else (main, second)
-    side = [copier, *(s for s in lanes if s is not main)]
-    for s in side:
+    copier, second = _side_streams(og.device)
+    for s in (copier, second):
         s.wait_stream(main)  # nothing may start before the inputs of this call exist
-    flags = [torch.cuda.Event() for _ in blocks]
-
-    def send(i: int) -> None:
-        copier.wait_event(flags[i])
-        with torch.cuda.stream(copier):
-            mark(i, 2)
-            for lo, hi in blocks[i]:
-                send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
-            mark(i, 3)
-
-    for i in ([n - 1, *range(n - 1)] if own_first else range(n)):
-        lane = main if own_first and i == n - 1 else lanes[i % 2]
+    lanes = (main, second)
+    for i, ranges in enumerate(blocks):
+        lane = lanes[i % 2]
         with torch.cuda.stream(lane):
             mark(i, 0)
-            for lo, hi in blocks[i]:
+            for lo, hi in ranges:
                 attend(ex.core, qg[:, lo:hi], kg, vg, og[:, lo:hi], softmax_scale=softmax_scale, config=cfg)
             mark(i, 1)
-        flags[i].record(lane)
-        if not own_first:
-            send(i)
-    if own_first:  # the copies in block order, the own block's (none) last
-        for i in range(n):
-            send(i)
-    for s in side[1:]:
-        main.wait_stream(s)
+        flag = torch.cuda.Event()
+        flag.record(lane)
+        copier.wait_event(flag)
+        with torch.cuda.stream(copier):
+            mark(i, 2)
+            for lo, hi in ranges:
+                send_rows(plan, og_seq, stage_peers, lo, hi, on_send, i)
+            mark(i, 3)
+    main.wait_stream(second)
     if b > a:
-        own_out.copy_(og[:, a:b])  # beside the last sends
+        own_out.copy_(og[:, a:b])
     main.wait_stream(copier)
 
 
