@@ -11,8 +11,11 @@ tile: the first `store_rows` rows (32 KiB at 64 rows) to random rows of a pinned
 device buffer. Per CTA the kernel sums `%globaltimer` over the rounds (the first warms up); per
 condition it reports the median over storing and over non-storing CTAs of the mean round, the
 storers' store phase (until their last store issued), the kernel time and the host bytes per second.
+`--pacing` paces each storer's burst as the fused kernel does (`xstage.comm.pacing`), the wait
+counted in the store phase; the first run (commit 2a6bec3) had no pacing (`off`).
 
-    PYTHONPATH=src python3 benchmarks/experiments/tiles_beside_tile_stores.py --out DIR [--storers 0,8,16,33,66,132]
+    PYTHONPATH=src python3 benchmarks/experiments/tiles_beside_tile_stores.py --out DIR \
+        [--storers 0,8,33] [--pacing off,50:128]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import globaltimer
+from xstage.comm.pacing import pace_stores, pacing_args, parse_pacing
 from xstage.env import environment
 from xstage.results.io import write_csv_atomic
 from xstage.results.tables import markdown_table
@@ -36,8 +40,8 @@ ROW_BYTES = BN * 2
 
 
 @triton.jit
-def tile_rounds(p_a, p_b, p_host, p_dev, p_rows, p_t, n_store, n_rounds, store_rows, K: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def tile_rounds(p_a, p_b, p_host, p_dev, p_rows, p_t, p_clock, p_err, n_store, n_rounds, store_rows, pace_fs,
+                pace_budget_ns, K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     pid = tl.program_id(0)
     o_m = tl.arange(0, BM)
     o_n = tl.arange(0, BN)
@@ -57,6 +61,8 @@ def tile_rounds(p_a, p_b, p_host, p_dev, p_rows, p_t, n_store, n_rounds, store_r
         out = acc.to(tl.bfloat16)
         t1 = globaltimer(True)
         row = tl.load(p_rows + (pid * n_rounds + r).to(tl.int64) * BM + o_m).to(tl.int64)
+        if storer:  # paced as the fused kernel paces a tile's remote rows (no-op when pace_fs is 0)
+            pace_stores(p_clock, store_rows * BN * 2, pace_fs, pace_budget_ns, 2_000_000_000, 2**31 - 1, p_err, 1, True)
         tl.store(p_host + row[:, None] * BN + o_n[None, :], out, mask=host_rows[:, None])
         tl.store(p_dev + (pid.to(tl.int64) * BM + o_m)[:, None] * BN + o_n[None, :], out, mask=~host_rows[:, None])
         tl.debug_barrier()
@@ -68,7 +74,7 @@ def tile_rounds(p_a, p_b, p_host, p_dev, p_rows, p_t, n_store, n_rounds, store_r
     tl.store(p_t + pid * 2 + 1, s_store // (n_rounds - 1))
 
 
-def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: int) -> list[dict]:
+def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: int, pacings=("off",)) -> list[dict]:
     dev = torch.device("cuda")
     ctas = torch.cuda.get_device_properties(dev).multi_processor_count
     g = torch.Generator(device=dev).manual_seed(0)
@@ -76,6 +82,8 @@ def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: 
     b = torch.randn(K, BN, generator=g, device=dev, dtype=torch.bfloat16) * K**-0.5
     dev_out = torch.empty(ctas * BM, BN, device=dev, dtype=torch.bfloat16)
     t = torch.zeros(ctas, 2, dtype=torch.int64, device=dev)
+    clock = torch.zeros(1, dtype=torch.int64, device=dev)
+    err = torch.zeros(2, dtype=torch.int32, device=dev)
     env = environment()
     rows_out = []
     for mib in footprints_mib:
@@ -83,35 +91,38 @@ def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: 
         host = torch.empty(n_dst, BN, dtype=torch.bfloat16, pin_memory=True)
         rows = torch.randint(n_dst, (ctas, rounds, BM), generator=torch.Generator().manual_seed(1),
                              dtype=torch.int32).to(dev)
-        for k in storers:
-            def launch(k=k, host=host, rows=rows):
-                tile_rounds[(ctas,)](a, b, host, dev_out, rows, t, k, rounds, store_rows, K=K, BM=BM, BN=BN, BK=BK,
-                                     num_warps=8, num_stages=3)
+        for spec in pacings:
+            pace_fs, budget_ns = pacing_args(parse_pacing(spec))
+            for k in storers:
+                def launch(k=k, host=host, rows=rows, pace_fs=pace_fs, budget_ns=budget_ns):
+                    tile_rounds[(ctas,)](a, b, host, dev_out, rows, t, clock, err, k, rounds, store_rows, pace_fs,
+                                         budget_ns, K=K, BM=BM, BN=BN, BK=BK, num_warps=8, num_stages=3)
 
-            launch()
-            torch.cuda.synchronize()
-            samples = []
-            for _ in range(reps):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
                 launch()
-                e1.record()
-                e1.synchronize()
-                per = t.cpu()
-                samples.append((e0.elapsed_time(e1) * 1e6, per))
-            kernel_ns, per = sorted(samples, key=lambda s: s[0])[reps // 2]
-            st = [float(per[i, 0]) for i in range(k)]
-            ns = [float(per[i, 0]) for i in range(k, ctas)]
-            host_bytes = k * rounds * store_rows * ROW_BYTES
-            rows_out.append(dict(
-                footprint_mib=mib, storing_ctas=k, store_rows=store_rows, burst_bytes=store_rows * ROW_BYTES,
-                rounds=rounds, kernel_us=round(kernel_ns / 1e3, 1),
-                storer_round_us=round(statistics.median(st) / 1e3, 2) if st else "",
-                storer_store_us=round(statistics.median(float(per[i, 1]) for i in range(k)) / 1e3, 2) if k else "",
-                other_round_us=round(statistics.median(ns) / 1e3, 2) if ns else "",
-                host_gbps=round(host_bytes / kernel_ns, 1),
-                **{c: env[c] for c in ("gpu", "driver", "torch", "triton", "git_commit", "date")}))
-            print(rows_out[-1], flush=True)
+                torch.cuda.synchronize()
+                samples = []
+                for _ in range(reps):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    launch()
+                    e1.record()
+                    e1.synchronize()
+                    samples.append((e0.elapsed_time(e1) * 1e6, t.cpu()))
+                if int(err[0]):
+                    raise RuntimeError(f"pacing wait timed out (storers {k}, pacing {spec})")
+                kernel_ns, per = sorted(samples, key=lambda s: s[0])[reps // 2]
+                st = [float(per[i, 0]) for i in range(k)]
+                ns = [float(per[i, 0]) for i in range(k, ctas)]
+                host_bytes = k * rounds * store_rows * ROW_BYTES
+                rows_out.append(dict(
+                    footprint_mib=mib, pacing=spec, storing_ctas=k, store_rows=store_rows,
+                    burst_bytes=store_rows * ROW_BYTES, rounds=rounds, kernel_us=round(kernel_ns / 1e3, 1),
+                    storer_round_us=round(statistics.median(st) / 1e3, 2) if st else "",
+                    storer_store_us=round(statistics.median(float(per[i, 1]) for i in range(k)) / 1e3, 2) if k else "",
+                    other_round_us=round(statistics.median(ns) / 1e3, 2) if ns else "",
+                    host_gbps=round(host_bytes / kernel_ns, 1),
+                    **{c: env[c] for c in ("gpu", "driver", "torch", "triton", "git_commit", "date")}))
+                print(rows_out[-1], flush=True)
         del host, rows
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "tiles_beside_tile_stores.csv", rows_out, list(rows_out[0]))
@@ -126,11 +137,13 @@ def main(argv=None) -> int:
     ap.add_argument("--store-rows", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pacing", default="off", help="comma-separated pacing specs (`off`, GB/s:KiB), each in turn")
     args = ap.parse_args(argv)
     rows = run(Path(args.out), [int(k) for k in args.storers.split(",")],
-               [int(m) for m in args.footprints_mib.split(",")], args.store_rows, args.rounds, args.reps)
-    print(markdown_table(rows, ["footprint_mib", "storing_ctas", "kernel_us", "storer_round_us", "storer_store_us",
-                                "other_round_us", "host_gbps"]))
+               [int(m) for m in args.footprints_mib.split(",")], args.store_rows, args.rounds, args.reps,
+               args.pacing.split(","))
+    print(markdown_table(rows, ["footprint_mib", "pacing", "storing_ctas", "kernel_us", "storer_round_us",
+                                "storer_store_us", "other_round_us", "host_gbps"]))
     return 0
 
 
