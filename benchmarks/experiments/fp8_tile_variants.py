@@ -18,9 +18,9 @@ unless named:
 The first round (c928eb1, 1024 rows per expert) measured, against one block per step: 16 warps 0.90x,
 two blocks per step 1.33x, 256-row tiles (16 warps) 0.54x, the unscaled chain 1.90x; on Linear-1 the
 epilogue 7% of the tile and 16 warps or the reciprocal within noise.
-Rows: variant, median/p10/p90 us of a launch over all tiles (CUDA events, after warm-up), us per tile
-per SM, TFLOP/s, and the largest difference from the first variant of the same kind (0 where the
-variant computes the same numbers).
+Rows: variant, median/p10/p90 us of a launch over all tiles (`xstage.results.time_device`; the two
+committed rounds timed each call with its own events), us per tile per SM, TFLOP/s, and the largest
+difference from the first variant of the same kind (0 where the variant computes the same numbers).
 
     PYTHONPATH=src python3 benchmarks/experiments/fp8_tile_variants.py --out DIR
 """
@@ -28,9 +28,7 @@ variant computes the same numbers).
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import statistics
 from pathlib import Path
 
 import torch
@@ -40,6 +38,8 @@ import triton.language as tl
 from xstage.env import environment
 from xstage.moe.kernels import _linear1
 from xstage.moe.kernels_fp8 import FP8_MAX, _linear1_fp8, _linear2_fp8_acc
+from xstage.results import time_device
+from xstage.results.io import write_csv_atomic
 
 FP8 = torch.float8_e4m3fn
 H, I, E = 1152, 4608, 8  # H1152-I4608-E8-K2; 4096 rows per expert: 16384 tokens at EP=1
@@ -234,20 +234,10 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int) -> list[dict
             if kind not in ref:  # the first variant of each kind is the reference of the rest
                 ref[kind] = [o.float().clone() for o in outs]
             diff = max(float((o.float() - r).abs().max()) for o, r in zip(outs, ref[kind]))
-            for _ in range(warmup):
-                launch()
-            times = []
-            for _ in range(rep):
-                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0.record()
-                launch()
-                t1.record()
-                t1.synchronize()
-                times.append(t0.elapsed_time(t1) * 1e3)
-            q = statistics.quantiles(times, n=10)
-            med = statistics.median(times)
+            timing = time_device(launch, warmup=warmup, rep=rep)
+            med = timing.median_ns / 1e3
             tiles = n_m * (H // 128 if kind == "l2" else I // 128)
-            row.update(median_us=med, p10_us=q[0], p90_us=q[-1], tiles=tiles,
+            row.update(median_us=med, p10_us=timing.p10_ns / 1e3, p90_us=timing.p90_ns / 1e3, tiles=tiles,
                        us_per_tile_sm=med * sms / tiles, tflops=flops / med / 1e6, max_diff_vs_first=diff)
         except Exception as ex:  # a variant that fails to compile or run is reported, the rest go on
             row.update(error=f"{type(ex).__name__}: {str(ex).splitlines()[0][:160] if str(ex) else ''}")
@@ -255,11 +245,7 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int) -> list[dict
         rows.append(row)
         print(row, flush=True)
     out_dir.mkdir(parents=True, exist_ok=True)
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out_dir / "fp8_tile_variants.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    write_csv_atomic(out_dir / "fp8_tile_variants.csv", rows, list(dict.fromkeys(k for r in rows for k in r)))
     return rows
 
 

@@ -10,7 +10,8 @@ tile: the first `store_rows` rows (32 KiB at 64 rows) to random rows of a pinned
 `footprint` bytes (`host`, over PCIe) when the CTA is one of the first k, every other row to a
 device buffer. Per CTA the kernel sums `%globaltimer` over the rounds (the first warms up); per
 condition it reports the median over storing and over non-storing CTAs of the mean round, the
-storers' store phase (until their last store issued), the kernel time and the host bytes per second.
+storers' store phase (until their last store issued; per-CTA means of the last launch), the median
+kernel time and the host bytes per second (`xstage.results.time_device`).
 `--pacing` paces each storer's burst as the fused kernel does (`xstage.comm.pacing`), the wait
 counted in the store phase; the first run (commit 2a6bec3) had no pacing (`off`).
 
@@ -32,6 +33,7 @@ import triton.language as tl
 from xstage.comm.device import globaltimer
 from xstage.comm.pacing import pace_stores, pacing_args, parse_pacing
 from xstage.env import environment
+from xstage.results import time_device
 from xstage.results.io import write_csv_atomic
 from xstage.results.tables import markdown_table
 
@@ -98,19 +100,10 @@ def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: 
                     tile_rounds[(ctas,)](a, b, host, dev_out, rows, t, clock, err, k, rounds, store_rows, pace_fs,
                                          budget_ns, K=K, BM=BM, BN=BN, BK=BK, num_warps=8, num_stages=3)
 
-                launch()
-                torch.cuda.synchronize()
-                samples = []
-                for _ in range(reps):
-                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    launch()
-                    e1.record()
-                    e1.synchronize()
-                    samples.append((e0.elapsed_time(e1) * 1e6, t.cpu()))
+                kernel_ns = time_device(launch, warmup=1, rep=reps).median_ns
+                per = t.cpu()  # the per-CTA means of the last launch
                 if int(err[0]):
                     raise RuntimeError(f"pacing wait timed out (storers {k}, pacing {spec})")
-                kernel_ns, per = sorted(samples, key=lambda s: s[0])[reps // 2]
                 st = [float(per[i, 0]) for i in range(k)]
                 ns = [float(per[i, 0]) for i in range(k, ctas)]
                 host_bytes = k * rounds * store_rows * ROW_BYTES
