@@ -4,7 +4,9 @@ Inputs (committed H200 measurements):
 - `h200-store-then-load/bystander_reads.csv` and `h200-interference/bystander_intensity.csv`: readers
   beside k storing SMs (the onset);
 - `h200-moe-busy-link/beside_busy_link.csv`: the fused MoE kernel beside a store kernel (`per_storer`,
-  fitted on the calibration shapes' rows, the other rows only checked).
+  fitted on the calibration shapes' rows, the other rows only checked);
+- `h200-tiles-beside-tile-stores/*.csv`: GEMM tiles with tile-sized unpaced bursts of scattered rows
+  (`unpaced_drain`, `xstage.sched.interference.unpaced_drain_from`).
 
 Writes `fit.csv` (one row per busy-link measurement, measured and predicted slowdown, role),
 `onset.csv` (the bystander rows used) and, with `--update`, the embedded term JSON.
@@ -16,6 +18,7 @@ Writes `fit.csv` (one row per busy-link measurement, measured and predicted slow
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -25,7 +28,7 @@ from xstage.model import load_default_profile
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import load_default_costs
-from xstage.sched.interference import fit_interference
+from xstage.sched.interference import fit_interference, unpaced_drain_from
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -64,6 +67,12 @@ def main() -> None:
             "gpu": "NVIDIA H200", "path": "host"}
     term, rows = fit_interference(onset, busy, load_default_profile("host").params, load_default_costs("moe"),
                                   provenance=prov)
+    tile_dir = RESULTS / "h200-tiles-beside-tile-stores"
+    tile_csvs = sorted(tile_dir.glob("*.csv"))
+    drain, used = unpaced_drain_from([r for f in tile_csvs for r in read_rows(f)])
+    term = dataclasses.replace(term, unpaced_drain=round(drain), provenance={
+        **term.provenance, "unpaced_drain_from": f"{', '.join(f'{tile_dir.name}/{f.name}' for f in tile_csvs)}: "
+                                                 f"median of {used} saturated unpaced rows"})
     fit_rows = [dict(r, git_commit=commit) for r in rows]
     onset_rows = [dict(r, git_commit=commit) for r in onset]
     write_csv_atomic(out / "fit.csv", fit_rows, list(fit_rows[0]))

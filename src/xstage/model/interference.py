@@ -17,6 +17,12 @@ Calibration (`xstage.sched.interference`): `onset_bytes` from the bystander benc
 their speed beside 8 storing SMs, not beside 16), `per_storer` from the fused MoE kernel's tiles
 beside a store kernel that saturates the link.
 
+Unpaced, the link also carries less: `unpaced_drain` (bytes per second, 0 for the path's own drain) is
+the rate the host link sustains when many CTAs send tile-sized bursts of scattered rows without
+pacing (`benchmarks/experiments/tiles_beside_tile_stores.py`: 40-47 GB/s where the probe's contiguous
+bursts drain at 55 GB/s, and paced ones keep 46-48). `xstage.sched.moe.remote_path` gives an unpaced
+kernel's store path that drain.
+
 What the term still misses: `unpaced_bias` is the measured ratio of an unpaced kernel's time to its
 paced twin's over the same ratio predicted (geometric mean). A planner comparing paced with unpaced
 candidates multiplies the unpaced predictions by it (`xstage.sched.plan.rank_ns`); 1 means none.
@@ -47,10 +53,11 @@ class Interference:
     onset_bytes: float
     window_bytes: float
     unpaced_bias: float = 1.0
+    unpaced_drain: float = 0.0
     provenance: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
-        for name in ("per_storer", "onset_bytes", "window_bytes", "unpaced_bias"):
+        for name in ("per_storer", "onset_bytes", "window_bytes", "unpaced_bias", "unpaced_drain"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise InputError(f"Interference.{name}={v!r}: must be a finite number >= 0")
@@ -79,7 +86,8 @@ class Interference:
         prov = d.get("provenance", {})
         if not isinstance(prov, dict):
             raise InputError(f"{source}: provenance must be an object")
-        return cls(d["per_storer"], d["onset_bytes"], d["window_bytes"], d.get("unpaced_bias", 1.0), prov)
+        return cls(d["per_storer"], d["onset_bytes"], d["window_bytes"], d.get("unpaced_bias", 1.0),
+                   d.get("unpaced_drain", 0.0), prov)
 
 
 def load_default_interference(path: str) -> Interference | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Sequence
 
 from xstage.errors import InputError
@@ -129,6 +130,23 @@ def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], 
                     "rel_err": round(pred / _measured(r) - 1, 4),
                     "role": "calibration" if r["shape"] in shapes else "check"})
     return best, out
+
+
+UNPACED_SATURATING_STORERS = 66  # storing CTAs whose unpaced tile bursts keep the host link busy
+UNPACED_MAX_FOOTPRINT = 256 << 20  # bytes: beyond it scattered rows cap the link whether paced or not
+
+
+def unpaced_drain_from(rows: Sequence[dict]) -> tuple[float, int]:
+    """(bytes per second, rows used): the median host rate of unpaced rows of
+    `benchmarks/experiments/tiles_beside_tile_stores.py` with at least `UNPACED_SATURATING_STORERS`
+    storing CTAs (the link saturated) over a footprint of at most `UNPACED_MAX_FOOTPRINT` (where the
+    scatter itself does not cap the link; over 1 GiB it caps paced and unpaced bursts alike)."""
+    rates = [float(r["host_gbps"]) * 1e9 for r in rows
+             if str(r.get("pacing", "off")) == "off" and int(r["storing_ctas"]) >= UNPACED_SATURATING_STORERS
+             and int(r["footprint_mib"]) << 20 <= UNPACED_MAX_FOOTPRINT]
+    if not rates:
+        raise InputError("unpaced drain: no unpaced row with a saturated link over a small footprint")
+    return statistics.median(rates), len(rates)
 
 
 def fit_unpaced_bias(pairs: Sequence[tuple[float, float, float, float]]) -> float:

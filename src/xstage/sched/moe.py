@@ -116,7 +116,7 @@ HELD_STORE_WINDOW = 16.0  # bytes: one vector store
 HBM_BYTES_PER_NS_PER_SM = 4.56e12 / 132 / 1e9
 
 
-def remote_path(params: PathParams, pacing: StorePacing | None = None) -> PathParams:
+def remote_path(params: PathParams, pacing: StorePacing | None = None, unpaced_drain: float = 0.0) -> PathParams:
     """The store path as a persistent kernel's tasks meet it (the MoE kernel's, and the Ulysses
     kernel's in `xstage.sched.ulysses`): without a per-SM window, and with `pacing`
     (`xstage.comm.pacing`) a leaky bucket of the pacing budget drained at the pacing rate.
@@ -129,9 +129,15 @@ def remote_path(params: PathParams, pacing: StorePacing | None = None) -> PathPa
     link only; on `peer` and `hbm` the same rule is an assumption (on `hbm` it changes nothing: stores
     leave the SM at its issue rate). A full shared level also slows the loads of every other SM
     (`benchmarks/results/h200-store-then-load/`); that is not modelled, so predictions for an unpaced
-    kernel on a path that fills (`host`) come out short. Pacing keeps the shared level from filling."""
+    kernel on a path that fills (`host`) come out short. Pacing keeps the shared level from filling.
+
+    Unpaced, the path drains at most `unpaced_drain` (bytes per second; 0: its own drain), the rate
+    the interference term measured for many CTAs' unpaced tile-sized bursts
+    (`xstage.model.interference.Interference.unpaced_drain`)."""
     p = params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
-    return pacing.path_params(p) if pacing is not None else p
+    if pacing is not None:
+        return pacing.path_params(p)
+    return p.replace(drain=min(p.drain, unpaced_drain)) if unpaced_drain > 0 else p
 
 
 def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:

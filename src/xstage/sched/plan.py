@@ -89,6 +89,7 @@ def plan_moe(
     configs = [cfg.with_blocks(block_m=bm) for bm in block_ms or (cfg.block_m,)]  # MoeConfig checks block_m
     paced = dict(pacings) if pacings else {spec_of(pacing): pacing}
     terms = {"remote": interference} if interference is not None else None
+    drain = interference.unpaced_drain if interference is not None else 0.0
     rows = []
     total = len(configs) * len(candidates) * len(paced)
     done = 0
@@ -101,7 +102,8 @@ def plan_moe(
                 continue  # the kernel's row pool cannot run this order: not a candidate
             for spec, p in paced.items():
                 done += 1
-                res = simulate_kernel(work, {"remote": remote_path(path, p)}, trace_backlog=True, interference=terms)
+                res = simulate_kernel(work, {"remote": remote_path(path, p, drain)}, trace_backlog=True,
+                                      interference=terms)
                 rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res, pacing=spec,
                                     rank_ns=rank_ns(res.time_ns, p, interference)))
                 if progress:

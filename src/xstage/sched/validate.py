@@ -73,7 +73,8 @@ def _predict_row(job) -> float:
     pacing = resolve_pacing(pace, str(row["path"]).strip(), cfg.ep)
     work = moe_work(cfg, schedule, costs, int(row["ctas"]))
     terms = {"remote": interference} if interference is not None else None
-    return simulate_kernel(work, {"remote": remote_path(path, pacing)}, interference=terms).time_ns
+    drain = interference.unpaced_drain if interference is not None else 0.0
+    return simulate_kernel(work, {"remote": remote_path(path, pacing, drain)}, interference=terms).time_ns
 
 
 def _spread(row: dict) -> float:
