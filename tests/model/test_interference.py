@@ -79,7 +79,7 @@ def test_stretch_is_per_storer_times_storers_times_share(storing, share, want):
 
 def test_json_round_trip_keeps_fields_and_provenance():
     d = json.loads(json.dumps(TERM.to_dict()))
-    assert set(d) == {*FIELDS, "unpaced_bias", "provenance"}
+    assert set(d) == {*FIELDS, "unpaced_bias", "unpaced_drain", "provenance"}
     back = Interference.from_dict(d)
     assert back == TERM
     assert back.provenance == {"gpu": "test"}
@@ -148,3 +148,19 @@ def test_unpaced_bias_is_optional_in_json_and_checked():
     for bad in (-1.0, float("nan"), "1.1", True):
         with pytest.raises(InputError, match="unpaced_bias"):
             Interference.from_dict({**d, "unpaced_bias": bad})
+
+
+def test_unpaced_drain_is_optional_in_json_and_checked():
+    d = {"per_storer": 0.3, "onset_bytes": 1e6, "window_bytes": 1.5e5}
+    assert Interference.from_dict(d).unpaced_drain == 0.0  # a calibration without it: the path's own drain
+    assert Interference.from_dict({**d, "unpaced_drain": 42e9}).unpaced_drain == 42e9
+    for bad in (-1.0, float("inf"), "4e10", True):
+        with pytest.raises(InputError, match="unpaced_drain"):
+            Interference.from_dict({**d, "unpaced_drain": bad})
+
+
+def test_embedded_host_term_drains_unpaced_kernels_below_the_probe():
+    term = load_default_interference("host")
+    drain = load_default_profile("host").params.drain
+    assert 0 < term.unpaced_drain < drain
+    assert "unpaced_drain_from" in term.provenance

@@ -177,6 +177,41 @@ def test_remote_path_has_no_per_sm_window_and_costs_more_when_the_link_is_busy()
     assert held >= window  # a task can no longer compute while its SM holds its last burst
 
 
+def test_unpaced_drain_slows_only_unpaced_paths_and_never_speeds_one_up():
+    from xstage.comm.pacing import StorePacing
+    from xstage.model.interference import Interference
+    from xstage.sched.moe import remote_path
+
+    assert remote_path(SLOW_PATH, None, 0.0) == remote_path(SLOW_PATH)  # 0: the path's own drain
+    slower = remote_path(SLOW_PATH, None, SLOW_PATH.drain / 2)
+    assert slower.drain == SLOW_PATH.drain / 2 and slower.capacity == SLOW_PATH.capacity
+    assert remote_path(SLOW_PATH, None, SLOW_PATH.drain * 2).drain == SLOW_PATH.drain  # never above the path's
+    paced = StorePacing(rate=4e9, budget=256 * 1024)
+    assert remote_path(SLOW_PATH, paced, 1e6) == remote_path(SLOW_PATH, paced)  # a paced kernel keeps its pace
+    # The planner plays it: the unpaced candidate of a link-bound kernel slows, the paced one does not.
+    work_args = (SMALL, SLOW_PATH, COSTS, 4)
+    kw = dict(candidates=["lag:1"], pacings={"off": None, "4:256": paced})
+    base = {r.pacing: r.time_ns for r in plan_moe(*work_args, **kw, interference=Interference(0.0, 1e18, 1.0))}
+    term = Interference(0.0, 1e18, 1.0, unpaced_drain=SLOW_PATH.drain / 4)
+    got = {r.pacing: r.time_ns for r in plan_moe(*work_args, **kw, interference=term)}
+    assert got["off"] > base["off"] * 1.05
+    assert got["4:256"] == pytest.approx(base["4:256"], rel=1e-12)
+
+
+def test_unpaced_drain_from_takes_the_saturated_unpaced_rows_over_a_small_footprint():
+    from xstage.sched.interference import unpaced_drain_from
+
+    rows = [dict(pacing="off", storing_ctas=66, footprint_mib=256, host_gbps=40.0),
+            dict(pacing="off", storing_ctas=132, footprint_mib=256, host_gbps=44.0),
+            dict(storing_ctas=132, footprint_mib=128, host_gbps=46.0),  # a run without the column: unpaced
+            dict(pacing="50:128", storing_ctas=132, footprint_mib=256, host_gbps=48.0),  # paced
+            dict(pacing="off", storing_ctas=33, footprint_mib=256, host_gbps=30.0),  # link not saturated
+            dict(pacing="off", storing_ctas=132, footprint_mib=1024, host_gbps=36.0)]  # the scatter caps it
+    assert unpaced_drain_from(rows) == (44e9, 3)
+    with pytest.raises(InputError, match="no unpaced row"):
+        unpaced_drain_from(rows[3:])
+
+
 def test_row_pool_slot_waits_are_dependencies_and_cost_time():
     import dataclasses
 
