@@ -5,7 +5,8 @@ On the report shapes the model under-predicts unpaced kernels by 16% (median; -2
 while paced ones are within 6% (`benchmarks/results/h200-moe-ab/`). For the same schedule measured
 paced and unpaced in run B (`lag:8`, the default pacing against `@off`), this prints:
 - the link throughput each achieved: rank 0's remote combine bytes over the kernel time;
-- the simulator's prediction of both, with the interference term;
+- the simulator's prediction of both, with the interference term (and its unpaced drain, as
+  `xstage plan validate` plays it; the first committed run predates the unpaced drain);
 - for the unpaced kernel, from the simulated timeline: the mean number of CTAs with a store burst in
   progress (issuing or stalled), and the share of the kernel during which the term's occupancy (those
   bursts, each at most the term's window) reaches its onset, i.e. the share during which the term
@@ -83,7 +84,8 @@ def main(argv=None) -> int:
         bursts.update({t.name: sum(t.stores.values()) for t in work.queue})
         pred = {}
         for pace in ("default", "off"):
-            res = simulate_kernel(work, {"remote": remote_path(path, resolve_pacing(pace, "host", ep))},
+            res = simulate_kernel(work, {"remote": remote_path(path, resolve_pacing(pace, "host", ep),
+                                                               term.unpaced_drain)},
                                   interference={"remote": term})
             pred[pace] = res
         storing, active = fabric_share(pred["off"], bursts, term.window_bytes, term.onset_bytes)
