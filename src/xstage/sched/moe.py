@@ -127,13 +127,14 @@ def remote_path(params: PathParams, pacing: StorePacing | None = None, unpaced_d
     alone, 154 us after a 64 KiB burst from every SM). So the next task can overlap only with stores
     that already left the SM, and the per-SM window shrinks to one vector store. Measured on the host
     link only; on `peer` and `hbm` the same rule is an assumption (on `hbm` it changes nothing: stores
-    leave the SM at its issue rate). A full shared level also slows the loads of every other SM
-    (`benchmarks/results/h200-store-then-load/`); that is not modelled, so predictions for an unpaced
-    kernel on a path that fills (`host`) come out short. Pacing keeps the shared level from filling.
+    leave the SM at its issue rate). A full shared level also slows the loads of other SMs
+    (`benchmarks/results/h200-store-then-load/`): the simulator's interference term, not this path.
+    Pacing keeps the shared level from filling.
 
     Unpaced, the path drains at most `unpaced_drain` (bytes per second; 0: its own drain), the rate
-    the interference term measured for many CTAs' unpaced tile-sized bursts
-    (`xstage.model.interference.Interference.unpaced_drain`)."""
+    the interference term measured for many CTAs' unpaced tile-sized bursts of scattered rows
+    (`xstage.model.interference.Interference.unpaced_drain`). Even so, unpaced kernels whose link is
+    not saturated come out short (`benchmarks/results/unpaced-diagnosis/`)."""
     p = params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
     if pacing is not None:
         return pacing.path_params(p)
