@@ -35,7 +35,6 @@ mantissa that rounds up to the next binade (-0.1219 became -0.0625), so without 
 first rounded to the e4m3 grid in float32 by `_round_to_e4m3`, after which the cast is exact; the CPU
 tests check those codes against torch's cast, the GPU tests the hardware's. (The explicit rounding
 costs about 7 instructions per element, 450 per thread of a `[128, 128]` tile, in the compiled code.)
-
 """
 
 from __future__ import annotations
@@ -153,9 +152,9 @@ def _linear2_fp8_acc(e, prow, n_rows, nb, p_act, d_act, p_act_scale, p_w2, d_w2,
     columns past H are 0); the caller rounds it to BF16 and stores it.
 
     Two K blocks per loop step (and `PAIR_STAGES` of these steps in flight): each step ends in a barrier
-    before the next operands land, and the FP8 product's wait leaves nothing to overlap it, so halving
-    the steps made H1152-I4608-E8-K2's Linear-2 tiles 1.33x faster on their own
-    (`benchmarks/experiments/fp8_tile_variants.py`). A pair step holds twice a single step's operands."""
+    before the next operands land, and the FP8 product's wait leaves nothing to overlap it; halving the
+    steps made H1152-I4608-E8-K2's Linear-2 tiles 1.04x faster on their own
+    (`benchmarks/results/h200-fp8-tile-variants/`). A pair step holds twice a single step's operands."""
     tl.static_assert(BK == SCALE_BLOCK, "BK must be 128 on the FP8 path (one scale block per K step)")
     # BN2 | 128: all of a tile's output columns lie in one 128-row weight block, so one scale per K step.
     tl.static_assert(SCALE_BLOCK % BN2 == 0, "BN2 must divide 128 on the FP8 path (one weight-scale row per tile)")
