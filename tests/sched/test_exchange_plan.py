@@ -23,7 +23,7 @@ from xstage.sched.exchange import (
 # Test inputs, not measurements: ns, ns per unit of rounds x work, bytes per second.
 TRUE = ExchangeCosts(attention={("triton", 64): (20e3, 2e-4), ("cudnn", 64): (10e3, 1.5e-4)},
                      copy={"triton": (5e3, 25e9), "cudnn": (8e3, 20e9)},
-                     stores={(False, 64): 0.05, (True, 64): 0.10}, drain=50e9, grid=16)
+                     stores={(False, 64): (0.05, 2e3), (True, 64): (0.10, 0.0)}, drain=50e9, grid=16)
 
 
 def _rows(costs: ExchangeCosts, overlaps=()) -> list[dict]:
@@ -58,12 +58,14 @@ def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
 
 def test_the_overlap_sends_are_fitted_on_the_overlap_rows():
     # sends beside running attention: their own latency and rate (B/ns), not the serial copy's; a
-    # cost per block, and tiles 1% slower than alone
+    # cost per block, and tiles 10% slower while a send is in flight
     true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 20.0)},
-                               overlap={"cudnn": (6e3, 40.0, 8e3, 0.01)})
+                               overlap={"cudnn": (6e3, 40.0, 8e3, 0.1)})
     rows = _rows(true, overlaps=("overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:4:waves"))
     got = fit_exchange_costs(rows, drain=true.drain)
-    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0, 8e3, 0.01))
+    assert got.overlap["cudnn"] == pytest.approx((6e3, 40.0, 8e3, 0.1))
+    for key, (s, c) in true.stores.items():  # the key loop's slowdown and the cost per round
+        assert got.stores[key] == pytest.approx((s, c), abs=1e-9)
     assert "triton" not in got.overlap  # no overlap:triton rows: the serial copy's costs stand in
     assert got.quality["overlap:cudnn"] == pytest.approx(0.0, abs=1e-9)
     # without the fit the serial copy's costs predict other times where a send shows
@@ -135,3 +137,26 @@ def test_validation_scores_the_overhead_against_the_same_core():
     _, summary = validate_exchange(rows, TRUE, ["serial:cudnn"])
     assert summary[0]["median_abs_overhead_error"] == pytest.approx(0.01, rel=1e-6)
     assert not math.isnan(summary[0]["p90_abs_overhead_error"])
+
+
+def test_tiles_slow_down_only_while_a_send_is_in_flight():
+    H, D, T, P = 8, 64, 16384, 4
+    h = UlyssesPlan(P, 0, 1, split_sizes(T, P), H, D).heads_of(0)
+    a, b = TRUE.attention[("cudnn", D)]
+    tile = b * 4 * BLOCK_M * T * D
+    y0, rate, z, k = 1e3, 1e3, 5e3, 0.2  # sends far shorter than the own block's 4 rounds of tiles
+    costs = dataclasses.replace(TRUE, overlap={"cudnn": (y0, rate, z, k)})
+    # two blocks: the remote one (12 rounds) first, its 3 sends (4096 rows each) beside the own
+    # block's compute, which they stretch by k times their length; nothing else slows
+    sends = 3 * (y0 + 4096 * h * D * 2 / rate)
+    assert sends < 4 * tile
+    got = predict("overlap:cudnn", H, D, T, P, costs).time_ns
+    assert got == pytest.approx(a + 16 * tile + z + k * sends)
+    # a send that outlasts the compute slows only the compute it overlaps; then the link decides
+    slow = dataclasses.replace(TRUE, overlap={"cudnn": (y0, 1.0, z, k)})
+    start = a + 12 * tile + z
+    d = y0 + 4096 * h * D * 2 / 1.0
+    assert d > 4 * tile
+    assert predict("overlap:cudnn", H, D, T, P, slow).time_ns == pytest.approx(start + 3 * d)
+    assert predict("overlap:cudnn", H, D, T, P, dataclasses.replace(slow, overlap={"cudnn": (y0, 1.0, z, 0.0)})
+                   ).time_ns == pytest.approx(start + 3 * d)

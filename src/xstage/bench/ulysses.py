@@ -63,7 +63,7 @@ GRID_WORLDS = (2, 4, 8)
 # Calibration grid of the planner's tile and copy costs: other head counts and sequence lengths than
 # the grid the planner is judged on.
 CALIBRATION_SHAPES = ((16, 128), (32, 64))
-CALIBRATION_TOKENS = (3072, 6144, 12288, 24576, 57344)
+CALIBRATION_TOKENS = (3072, 6144, 12288, 24576, 57344, 98304)
 CORES = ("attention:triton", "attention:cudnn")
 # every exchange the planner ranks, the even cut of three and four cuDNN blocks beside their `waves` cut
 VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:3:waves",
