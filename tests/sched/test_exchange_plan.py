@@ -59,7 +59,7 @@ def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
 def test_the_overlap_sends_are_fitted_on_the_overlap_rows():
     # sends beside running attention: their own latency and rate (B/ns), not the serial copy's; a
     # cost per block, and tiles 10% slower while a send is in flight
-    true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 20.0)},
+    true = dataclasses.replace(TRUE, copy={"triton": (5e3, 25.0), "cudnn": (8e3, 50.0)},
                                overlap={"cudnn": (6e3, 40.0, 8e3, 0.1)})
     rows = _rows(true, overlaps=("overlap:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:4:waves"))
     got = fit_exchange_costs(rows, drain=true.drain)

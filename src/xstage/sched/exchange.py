@@ -391,6 +391,8 @@ def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
     names = sorted({c[-1] for c in cases})
     of_name = [np.array([c[-1] == name for c in cases]) for name in names]
     y0s, rates = np.meshgrid(np.linspace(0.0, 60e3, 31), np.linspace(10.0, 80.0, 36), indexing="ij")
+    # a send beside running attention crosses the same link as the serial copy: never faster
+    too_fast = rates > costs.copy[core][1] if core in costs.copy else np.zeros_like(rates, bool)
     best = None
     for z in np.linspace(0.0, 40e3, 11):
         steps = [_overlap_steps(shape, core, T, D, costs, z) for shape, T, D, *_ in cases]
@@ -399,6 +401,7 @@ def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
                              for st, (_, _, _, pa, over, att, _) in zip(steps, cases)])
             # the worst exchange's median: the target holds for each exchange the planner ranks
             med = np.max([np.median(errs[mask], axis=0) for mask in of_name], axis=0)
+            med[too_fast] = np.inf
             i = np.unravel_index(np.argmin(med), med.shape)
             if best is None or med[i] < best[1] - 1e-12:
                 best = ((float(y0s[i]), float(rates[i]), float(z), float(k)), float(med[i]))
