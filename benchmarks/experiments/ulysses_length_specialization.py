@@ -60,6 +60,7 @@ def main(argv=None) -> int:
         print("ulysses_length_specialization: no CUDA GPU; this experiment times kernels on one", file=sys.stderr)
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
+    args.out.mkdir(parents=True, exist_ok=True)
     env = ulysses_trace._env()
     kernels = builds()
     rows: list[dict] = []
