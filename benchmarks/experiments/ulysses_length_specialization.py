@@ -40,9 +40,15 @@ COLUMNS = ["build", "tokens", "P", "heads", "dim", "variant", "time_ns", "p10_ns
            "loop_ns_med", "epilogue_ns_med", "n_regs", "n_spills", "exchange_ok", "error"]
 
 
-def builds() -> dict:
+def builds(which=("unspecialized",)) -> dict:
+    """The library's kernel and the rebuilt ones named in `which`: `unspecialized` (every length
+    argument) or `unspecialized:NAME` (that argument only)."""
     spec = flash._attn_fwd_kernel
-    return {"specialized": spec, "unspecialized": triton.jit(do_not_specialize=LENGTH_ARGS)(spec.fn)}
+    out = {"specialized": spec}
+    for name in which:
+        args = LENGTH_ARGS if name == "unspecialized" else [name.split(":", 1)[1]]
+        out[name] = triton.jit(do_not_specialize=args)(spec.fn)
+    return out
 
 
 def main(argv=None) -> int:
@@ -53,6 +59,9 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", type=ulysses_trace._shape_list, default=[(24, 128), (30, 64)])
     p.add_argument("--rep", type=int, default=7)
     p.add_argument("--budget-s", type=float, default=400.0)
+    p.add_argument("--builds", default="unspecialized",
+                   help="rebuilt kernels beside the library's, comma-separated: unspecialized (every length "
+                        "argument) or unspecialized:NAME (one of " + ", ".join(LENGTH_ARGS) + ")")
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out: required where $OUT is not set")
@@ -62,7 +71,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     args.out.mkdir(parents=True, exist_ok=True)
     env = ulysses_trace._env()
-    kernels = builds()
+    kernels = builds(tuple(b for b in args.builds.split(",") if b))
     rows: list[dict] = []
     t0 = time.monotonic()
     for t in args.tokens:

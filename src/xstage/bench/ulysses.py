@@ -63,7 +63,9 @@ GRID_WORLDS = (2, 4, 8)
 # Calibration grid of the planner's tile and copy costs: other head counts and sequence lengths than
 # the grid the planner is judged on.
 CALIBRATION_SHAPES = ((16, 128), (32, 64))
-CALIBRATION_TOKENS = (3072, 6144, 12288, 24576, 57344, 98304)
+# 12280 and 57330 are not multiples of 16: Triton compiles the attention kernels for those separately
+# (`benchmarks/results/h200-ulysses-length-specialization/`), and the fused exchange costs more there
+CALIBRATION_TOKENS = (3072, 6144, 12280, 12288, 24576, 57330, 57344, 98304)
 CORES = ("attention:triton", "attention:cudnn")
 # every exchange the planner ranks, the even cut of three and four cuDNN blocks beside their `waves` cut
 VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:3:waves",
