@@ -23,13 +23,13 @@ from xstage.sched.exchange import (
 # Test inputs, not measurements: ns, ns per unit of rounds x work, bytes per second.
 TRUE = ExchangeCosts(attention={("triton", 64): (20e3, 2e-4), ("cudnn", 64): (10e3, 1.5e-4)},
                      copy={"triton": (5e3, 25e9), "cudnn": (8e3, 20e9)},
-                     stores={(False, 64): (0.05, 2e3), (True, 64): (0.10, 0.0)}, drain=50e9, grid=16)
+                     stores={(False, 64, True): (0.05, 2e3), (True, 64, True): (0.10, 0.0)}, drain=50e9, grid=16)
 
 
-def _rows(costs: ExchangeCosts, overlaps=()) -> list[dict]:
+def _rows(costs: ExchangeCosts, overlaps=(), lengths=(2048, 4096, 16384)) -> list[dict]:
     """A calibration grid whose times follow `costs` exactly (with rows of the `overlaps` exchanges)."""
     rows = []
-    for tokens in (2048, 4096, 16384):
+    for tokens in lengths:
         for P in (2, 4):
             H, D = 8, 64
             plan = UlyssesPlan(P, 0, 1, split_sizes(tokens, P), H, D)
@@ -160,3 +160,25 @@ def test_tiles_slow_down_only_while_a_send_is_in_flight():
     assert predict("overlap:cudnn", H, D, T, P, slow).time_ns == pytest.approx(start + 3 * d)
     assert predict("overlap:cudnn", H, D, T, P, dataclasses.replace(slow, overlap={"cudnn": (y0, 1.0, z, 0.0)})
                    ).time_ns == pytest.approx(start + 3 * d)
+
+
+def test_lengths_not_divisible_by_16_take_their_own_stores_fit():
+    # Triton compiles the fused kernel apart for those lengths: the fit keeps the two apart and a
+    # prediction takes the one of its length's kind, whatever the other says
+    unaligned = dataclasses.replace(TRUE, stores={**TRUE.stores, (False, 64, False): (0.20, 0.0)})
+    for tokens, s in ((16384, 0.05), (16376, 0.20)):
+        h = UlyssesPlan(4, 0, 1, split_sizes(tokens, 4), 8, 64).heads_of(0)
+        alone = TRUE.attention_ns("triton", tokens, h, tokens, 64)
+        got = predict("stores:paced", 8, 64, tokens, 4, unaligned).time_ns
+        rounds = math.ceil(h * math.ceil(tokens / BLOCK_M) / TRUE.grid)
+        c = unaligned.stores[(False, 64, tokens % 16 == 0)][1]
+        assert got >= alone * (1 + s) + rounds * c
+        assert got == pytest.approx(alone * (1 + s) + rounds * c, rel=0.05)  # the link's tail is small here
+    # without an unaligned fit, the aligned one stands in
+    assert predict("stores:paced", 8, 64, 16376, 4, TRUE).time_ns < predict("stores:paced", 8, 64, 16376, 4,
+                                                                            unaligned).time_ns
+    # the fit recovers each from its own lengths
+    got = fit_exchange_costs(_rows(unaligned, lengths=(2048, 4096, 16384, 2040, 4088, 16376)), drain=TRUE.drain)
+    assert got.stores[(False, 64, True)] == pytest.approx((0.05, 2e3), abs=1e-9)
+    assert got.stores[(False, 64, False)] == pytest.approx((0.20, 0.0), abs=1e-9)
+    assert (False, 64, False) not in fit_exchange_costs(_rows(TRUE), drain=TRUE.drain).stores

@@ -32,7 +32,9 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
   tile parks its rows and sends them in chunks, whatever its length), per head dim and pacing; the
   link must still carry every remote byte at the path's drain rate, and the last round's rows
   drain after the kernel. (`s` alone, fitted on the long kernels, left an in-sample median of 3.1%
-  at D = 128; with `c`, 1.1%.)
+  at D = 128; with `c`, 1.1%.) `s` and `c` are fitted apart for sequence lengths that are and are
+  not multiples of 16: Triton compiles a separate kernel for each, and the fused one runs 2-7% slower
+  without the divisibility (`benchmarks/results/h200-ulysses-length-specialization/`).
 Every coefficient is fitted by least squares on a calibration grid (`xstage bench ulysses --grid
 calibration`: other head counts and sequence lengths than the grid the planner is judged on);
 the default fit is the H200 host-path calibration embedded in `xstage/data`.
@@ -75,6 +77,8 @@ BLOCK_M = 128
 CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn:3:waves", "overlap:cudnn:4:waves",
               "overlap:triton:4:waves", "stores:paced")
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
+# Triton compiles integer arguments divisible by 16 apart; the fused kernel's sequence length is one
+ALIGN = 16
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,8 @@ class ExchangeCosts:
 
     attention: dict[tuple[str, int], tuple[float, float]]  # (core, D) -> (a_ns, ns per unit of rounds x work)
     copy: dict[str, tuple[float, float]]  # core -> (x0_ns, bytes per ns)
-    stores: dict[tuple[bool, int], tuple[float, float]]  # (burst, D) -> (slowdown s of the key loop, c ns per round)
+    # (burst, D, length a multiple of ALIGN) -> (slowdown s of the key loop, c ns per round)
+    stores: dict[tuple[bool, int, bool], tuple[float, float]]
     drain: float  # bytes per second the in-kernel stores drain at
     grid: int = 132
     source: str = ""
@@ -159,12 +164,12 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
         return Prediction(str(ex), alone + costs.copy_ns(core, remote), alone)
     if ex.mechanism == "overlap":
         return Prediction(str(ex), _overlap_ns(plan, ex, core, tokens, dim, row_bytes, costs), alone)
-    fit = costs.stores.get((ex.burst, dim))
-    if fit is None:
-        dims = [d for b, d in costs.stores if b == ex.burst]
-        if not dims:
-            raise InputError(f"exchange costs: no `stores` costs for {str(ex)!r}")
-        fit = costs.stores[(ex.burst, min(dims, key=lambda d: abs(math.log2(d / dim))))]
+    aligned = tokens % ALIGN == 0
+    keys = [k for k in costs.stores if k[0] == ex.burst]
+    if not keys:
+        raise InputError(f"exchange costs: no `stores` costs for {str(ex)!r}")
+    # the same compiled variant first (alignment), then the nearest head dim
+    fit = costs.stores[min(keys, key=lambda k: (k[2] != aligned, abs(math.log2(k[1] / dim))))]
     return Prediction(str(ex), float(_stores_ns(alone, h, tokens, remote, fit, costs)), alone)
 
 
@@ -331,10 +336,13 @@ def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibra
     costs = ExchangeCosts(attention, copy, stores, drain, grid, source, quality)
     for burst, name in ((False, "stores:paced"), (True, "stores:burst")):
         for dim in sorted({k[1] for k in by_cfg}):
-            fit = _fit_stores([(cfg, v[name], v["attention:triton"]) for cfg, v in by_cfg.items()
-                               if cfg[1] == dim and name in v and "attention:triton" in v], costs)
-            if fit is not None:
-                stores[(burst, dim)], quality[f"{name}@{dim}"] = fit
+            for aligned in (True, False):
+                fit = _fit_stores([(cfg, v[name], v["attention:triton"]) for cfg, v in by_cfg.items()
+                                   if cfg[1] == dim and (cfg[2] % ALIGN == 0) == aligned and name in v
+                                   and "attention:triton" in v], costs)
+                if fit is not None:
+                    what = f"{name}@{dim}" + ("" if aligned else f"@tokens%{ALIGN}!=0")
+                    stores[(burst, dim, aligned)], quality[what] = fit
     for core in CORES:
         fit = _fit_overlap(by_cfg, core, costs)
         if fit is not None:
