@@ -11,7 +11,10 @@ unless named:
 - Linear-2: `single` one scale block per loop step (the library before the pair loop), `lib` the
   library's `_linear2_fp8_acc` (two blocks per step; `lib:s2` one stage fewer, `lib:w16` 16 warps),
   `k3` three blocks per step, `acc` an FP8 accumulator chain without per-block scales (wrong numbers:
-  the bound of this loop structure), `bf16` the BF16 kernel's accumulator chain (BK 64);
+  the bound of this loop structure), `bf16` the BF16 kernel's accumulator chain (BK 64); `tma` its
+  operands through TMA descriptors, one block per step, `tma:ws` the same K loop warp-specialized
+  (Triton's `warp_specialize`: a producer partition issues the loads), `tma:acc` / `tma:ws:acc` both
+  unscaled (bounds);
 - Linear-1: `lib` the library's `_linear1_fp8` (SwiGLU, 1x128 requantization), `k2` its loop with two
   K blocks (four dots) per step and 2 stages, `noepi` the K loop alone (stores g + u), `recip` its
   epilogue dividing through one reciprocal per row, `bf16` the library's BF16 `_linear1`.
@@ -100,6 +103,33 @@ def _l2_variant(p_act, p_as, p_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, B
 
 
 @triton.jit
+def _l2_desc(d_act, p_as, d_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr,
+             BK: tl.constexpr, WS: tl.constexpr, SCALED: tl.constexpr):
+    # Operands through TMA descriptors, one scale block per step; WS: the K loop warp-specialized
+    # (`tl.range(..., warp_specialize=True)`: loads in a producer partition, the MMAs and the
+    # promotion in the consumer); SCALED 0: the unscaled accumulator chain (a bound, wrong numbers).
+    n2 = H // BN2
+    nkb = I // BK
+    for t in range(tl.program_id(0), n_m * n2, tl.num_programs(0)):
+        mb = t // n2
+        nb = t % n2
+        e = mb * BM // RPE
+        o_m = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        o_n = nb * BN2 + tl.arange(0, BN2)
+        p_a_s = p_as + o_m * nkb
+        p_bs = p_w2s + (e.to(tl.int64) * (H // 128) + (nb * BN2) // 128) * nkb
+        acc = tl.zeros([BM, BN2], dtype=tl.float32)
+        for kb in tl.range(0, nkb, warp_specialize=WS):
+            b_a = d_act.load([mb * BM, kb * BK])
+            b_b = d_w2.load([e * H + nb * BN2, kb * BK]).T
+            if SCALED:
+                acc += tl.dot(b_a, b_b, out_dtype=tl.float32) * (tl.load(p_a_s + kb)[:, None] * tl.load(p_bs + kb))
+            else:
+                acc = tl.dot(b_a, b_b, acc, out_dtype=tl.float32)
+        tl.store(p_out + o_m[:, None] * H + o_n[None, :], acc.to(tl.bfloat16))
+
+
+@triton.jit
 def _l1_lib(p_recv, p_rs, p_w1, p_w1s, p_act, p_as, p_ready, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr,
             BN1: tl.constexpr, BK: tl.constexpr, FP8_TILE: tl.constexpr):
     n1 = I // BN1
@@ -174,7 +204,7 @@ def _scales(shape, g, dev, base):
     return (torch.rand(shape, generator=g, device=dev) + 0.5) * base
 
 
-def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int) -> list[dict]:
+def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int, only=()) -> list[dict]:
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
     P = E * rows_per_expert
@@ -189,14 +219,25 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int) -> list[dict
     ready = torch.zeros(n_m * (I // 128), dtype=torch.int32, device=dev)
     # variant: (BM, warps, stages) of its launch
     l2_variants = {"single": (0, 128, 8, 4), "lib": (None, 128, 8, 4), "lib:s2": (None, 128, 8, 3),
-                   "lib:w16": (None, 128, 16, 4), "k3": (4, 128, 8, 2), "acc": (2, 128, 8, 4), "bf16": (3, 128, 8, 4)}
+                   "lib:w16": (None, 128, 16, 4), "k3": (4, 128, 8, 2), "acc": (2, 128, 8, 4), "bf16": (3, 128, 8, 4),
+                   # TMA operands, one block per step: plain, warp-specialized, and both unscaled
+                   "tma": ("desc", 128, 8, 4), "tma:ws": ("desc:ws", 128, 8, 4), "tma:acc": ("desc:acc", 128, 8, 4),
+                   "tma:ws:acc": ("desc:ws:acc", 128, 8, 4)}
     l1_variants = {"lib": None, "k2": 3, "noepi": 2, "recip": 1, "bf16": None}
 
     def l2(variant):
         out = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
         mode, bm, warps, stages = l2_variants[variant]
         n = P // bm
-        if mode is None:  # the library's pair loop: PAIR_STAGES = stages - 1, as the fused kernel passes it
+        if isinstance(mode, str):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
+            d_a = TensorDescriptor(act, shape=[P, I], strides=[I, 1], block_shape=[bm, 128])
+            d_b = TensorDescriptor(w2, shape=[E * H, I], strides=[I, 1], block_shape=[128, 128])
+            launch = lambda: _l2_desc[(sms,)](d_a, act_s, d_b, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
+                                              BN2=128, BK=128, WS=":ws" in mode, SCALED=":acc" not in mode,
+                                              num_warps=warps, num_stages=stages)
+        elif mode is None:  # the library's pair loop: PAIR_STAGES = stages - 1, as the fused kernel passes it
             launch = lambda: _l2_lib[(sms,)](act, act_s, w2, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
                                              BN2=128, BK=128, PAIR_STAGES=stages - 1, num_warps=warps,
                                              num_stages=stages)
@@ -223,6 +264,11 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int) -> list[dict
         return launch, (a_out, s_out), 2.0 * P * H * 2 * I
 
     cases = [("l2", v, l2) for v in l2_variants] + [("l1", v, l1) for v in l1_variants]
+    if only:
+        unknown = sorted(set(only) - {f"{k}:{v}" for k, v, _ in cases})
+        if unknown:
+            raise SystemExit(f"--variants: unknown {unknown}; known: {[f'{k}:{v}' for k, v, _ in cases]}")
+        cases = [c for c in cases if f"{c[0]}:{c[1]}" in only]
     rows, ref = [], {}
     labels = {k: v for k, v in environment().items() if k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
     for kind, variant, make in cases:
@@ -255,8 +301,10 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rep", type=int, default=20)
     ap.add_argument("--rows-per-expert", type=int, default=4096)
+    ap.add_argument("--variants", default="", help="KIND:VARIANT,... to run (default: all), e.g. l2:lib,l2:tma:ws")
     args = ap.parse_args(argv)
-    rows = run(Path(args.out), args.warmup, args.rep, args.rows_per_expert)
+    rows = run(Path(args.out), args.warmup, args.rep, args.rows_per_expert,
+               [v for v in args.variants.split(",") if v])
     print("| kind | variant | median us | p10 | p90 | us/tile/SM | TFLOP/s | max diff vs first |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
