@@ -275,8 +275,11 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int, only=()) -> 
         row = dict(kind=kind, variant=variant)
         try:
             launch, outs, flops = make(variant)
-            launch()
+            compiled = launch()
             torch.cuda.synchronize()
+            ttgir = getattr(compiled, "asm", {}).get("ttgir", "")
+            # whether the compiler split the loop into partitions, and the kernel's registers
+            row.update(warp_specialized=int("warp_specialize" in ttgir), n_regs=getattr(compiled, "n_regs", ""))
             if kind not in ref:  # the first variant of each kind is the reference of the rest
                 ref[kind] = [o.float().clone() for o in outs]
             diff = max(float((o.float() - r).abs().max()) for o, r in zip(outs, ref[kind]))
