@@ -120,7 +120,7 @@ def _attn_fwd_kernel(
     s_qb, s_qs, s_qh, s_kb, s_ks, s_kh, s_vb, s_vs, s_vh, s_ob, s_os, s_oh,
     q_rb, q_cb, k_rb, k_cb, v_rb, v_cb,
     p_kv_lens, qk_scale,
-    H, S_q, S_k, S_k_full, n_m, n_tiles,
+    H, S_q, S_k, n_m, n_tiles,
     p_dst_tab, p_dst_row0, d_sb, d_ss, d_sh, head_off, p_sig_tab, p_sig, p_stage, p_trace,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_TMA: tl.constexpr, HAS_KV_LENS: tl.constexpr, EXCHANGE: tl.constexpr, PACED: tl.constexpr,
@@ -154,14 +154,8 @@ def _attn_fwd_kernel(
         m0 = i_m * BLOCK_M
         o_s = m0 + o_m  # [BM] query rows
         kv_len = S_k
-        # The unmasked key blocks: `S_k_full` comes from the host as a multiple of BLOCK_N, so the key
-        # loop compiles the same whether S_k is a multiple of 16 or not (Triton specializes integer
-        # arguments on that; derived from S_k in here, the loop took 225 registers instead of 174 and
-        # the fused exchange ran 4-5% slower at such lengths: results/h200-ulysses-length-specialization).
-        n_full = S_k_full
         if HAS_KV_LENS:
             kv_len = tl.minimum(tl.load(p_kv_lens + i_b), S_k)
-            n_full = (kv_len // BLOCK_N) * BLOCK_N
         if USE_TMA:
             b_q = q.load([(i_b * q_rb + m0).to(tl.int32), (i_b * q_cb + i_h * s_qh).to(tl.int32)])
             k_row0 = (i_b * k_rb).to(tl.int32)
@@ -176,6 +170,7 @@ def _attn_fwd_kernel(
         b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
         b_l = tl.zeros([BLOCK_M], tl.float32)
         b_acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        n_full = (kv_len // BLOCK_N) * BLOCK_N
         n_blocks = n_full // BLOCK_N
         # One chunk of the previous tile every `pace` key blocks, this program at phase `pid % pace`
         # of the period, so that the programs (which run in step) take turns on the path.
@@ -575,7 +570,7 @@ def flash_attention(
         v.stride(0), v.stride(1), v.stride(2), *o_strides,
         *views[0], *views[1], *views[2],
         kv_lens if kv_lens is not None else out, scale * LOG2E,
-        H, S_q, S_k, (S_k // cfg.block_n) * cfg.block_n, n_m, n_tiles,
+        H, S_q, S_k, n_m, n_tiles,
         *ex_args, trace if trace is not None else out,
         HEAD_DIM=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, USE_TMA=use_tma,
         HAS_KV_LENS=kv_lens is not None, EXCHANGE=route is not None, PACED=paced, CHUNK_ROWS=chunk_rows,
