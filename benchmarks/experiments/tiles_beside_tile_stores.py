@@ -14,9 +14,14 @@ storers' store phase (until their last store issued; per-CTA means of the last l
 kernel time and the host bytes per second (`xstage.results.time_device`).
 `--pacing` paces each storer's burst as the fused kernel does (`xstage.comm.pacing`), the wait
 counted in the store phase; the first run (commit 2a6bec3) had no pacing (`off`).
+`--pattern` places the stored rows: `uniform` (the first runs) draws each 512-byte row anywhere in
+the footprint; `combine:H` lays the footprint out as the fused kernel's combine buffer of H-wide
+BF16 rows and stores as a Linear-2 tile does: a unit's 64 rows (sorted, as routing orders a unit's
+tokens) receive the 512-byte segment of one column block per round, the next column block the next
+round, a new unit once every block was sent.
 
     PYTHONPATH=src python3 benchmarks/experiments/tiles_beside_tile_stores.py --out DIR \
-        [--storers 0,8,33] [--pacing off,50:128]
+        [--storers 0,8,33] [--pacing off,50:128] [--pattern uniform,combine:7168]
 """
 
 from __future__ import annotations
@@ -76,7 +81,31 @@ def tile_rounds(p_a, p_b, p_host, p_dev, p_rows, p_t, p_clock, p_err, n_store, n
     tl.store(p_t + pid * 2 + 1, s_store // (n_rounds - 1))
 
 
-def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: int, pacings=("off",)) -> list[dict]:
+def destinations(pattern: str, n_dst: int, ctas: int, rounds: int, store_rows: int = BM, seed: int = 1
+                 ) -> torch.Tensor:
+    """int32 `[ctas, rounds, BM]`: the 512-byte row of the footprint (`n_dst` of them) each stored row
+    goes to, for `pattern` `uniform` or `combine:H` (see the module docstring); under `combine` the
+    first `store_rows` of a unit (the ones the kernel stores) are in ascending order."""
+    gen = torch.Generator().manual_seed(seed)
+    if pattern == "uniform":
+        return torch.randint(n_dst, (ctas, rounds, BM), generator=gen, dtype=torch.int32)
+    kind, _, hidden = pattern.partition(":")
+    if kind != "combine" or not hidden.isdigit() or int(hidden) % BN or int(hidden) < BN:
+        raise SystemExit(f"--pattern {pattern!r}: expected uniform or combine:H with H a multiple of {BN}")
+    blocks = int(hidden) // BN  # 512-byte column blocks of one combine row
+    n_rows = n_dst // blocks
+    if n_rows < BM:
+        raise SystemExit(f"--pattern {pattern!r}: the footprint holds {n_rows} rows, fewer than a unit's {BM}")
+    units = -(-rounds // blocks)
+    unit_rows = torch.randint(n_rows, (ctas, units, BM), generator=gen)
+    unit_rows[..., :store_rows] = unit_rows[..., :store_rows].sort(dim=-1).values  # routing order
+    r = torch.arange(rounds)
+    rows = unit_rows[:, r // blocks] * blocks + (r % blocks)[None, :, None]
+    return rows.to(torch.int32)
+
+
+def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: int, pacings=("off",),
+        patterns=("uniform",)) -> list[dict]:
     dev = torch.device("cuda")
     ctas = torch.cuda.get_device_properties(dev).multi_processor_count
     g = torch.Generator(device=dev).manual_seed(0)
@@ -88,11 +117,10 @@ def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: 
     err = torch.zeros(2, dtype=torch.int32, device=dev)
     env = environment()
     rows_out = []
-    for mib in footprints_mib:
+    for mib, pattern in [(m, p) for m in footprints_mib for p in patterns]:
         n_dst = (mib << 20) // ROW_BYTES
         host = torch.empty(n_dst, BN, dtype=torch.bfloat16, pin_memory=True)
-        rows = torch.randint(n_dst, (ctas, rounds, BM), generator=torch.Generator().manual_seed(1),
-                             dtype=torch.int32).to(dev)
+        rows = destinations(pattern, n_dst, ctas, rounds, store_rows).to(dev)
         for spec in pacings:
             pace_fs, budget_ns = pacing_args(parse_pacing(spec))
             for k in storers:
@@ -108,7 +136,7 @@ def run(out: Path, storers, footprints_mib, store_rows: int, rounds: int, reps: 
                 ns = [float(per[i, 0]) for i in range(k, ctas)]
                 host_bytes = k * rounds * store_rows * ROW_BYTES
                 rows_out.append(dict(
-                    footprint_mib=mib, pacing=spec, storing_ctas=k, store_rows=store_rows,
+                    footprint_mib=mib, pattern=pattern, pacing=spec, storing_ctas=k, store_rows=store_rows,
                     burst_bytes=store_rows * ROW_BYTES, rounds=rounds, kernel_us=round(kernel_ns / 1e3, 1),
                     storer_round_us=round(statistics.median(st) / 1e3, 2) if st else "",
                     storer_store_us=round(statistics.median(float(per[i, 1]) for i in range(k)) / 1e3, 2) if k else "",
@@ -131,11 +159,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--pacing", default="off", help="comma-separated pacing specs (`off`, GB/s:KiB), each in turn")
+    ap.add_argument("--pattern", default="uniform", help="comma-separated row placements: uniform, combine:H")
     args = ap.parse_args(argv)
     rows = run(Path(args.out), [int(k) for k in args.storers.split(",")],
                [int(m) for m in args.footprints_mib.split(",")], args.store_rows, args.rounds, args.reps,
-               args.pacing.split(","))
-    print(markdown_table(rows, ["footprint_mib", "pacing", "storing_ctas", "kernel_us", "storer_round_us",
+               args.pacing.split(","), args.pattern.split(","))
+    print(markdown_table(rows, ["footprint_mib", "pattern", "pacing", "storing_ctas", "kernel_us", "storer_round_us",
                                 "storer_store_us", "other_round_us", "host_gbps"]))
     return 0
 
