@@ -49,6 +49,13 @@ H, I, E = 1152, 4608, 8  # H1152-I4608-E8-K2; 4096 rows per expert: 16384 tokens
 
 
 @triton.jit
+def _tile_rows(t, n_blocks, RPE: tl.constexpr, BM: tl.constexpr):
+    """Persistent tile `t` over `n_blocks` column blocks: (row block, column block, expert, its rows)."""
+    mb = t // n_blocks
+    return mb, t % n_blocks, mb * BM // RPE, (mb * BM + tl.arange(0, BM)).to(tl.int64)
+
+
+@triton.jit
 def _l2_lib(p_act, p_as, p_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr,
             BK: tl.constexpr, PAIR_STAGES: tl.constexpr):
     n2 = H // BN2
@@ -68,10 +75,7 @@ def _l2_variant(p_act, p_as, p_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, B
     # per step; 2: FP8 accumulator chain, no scales (a bound); 3: BF16 operands, accumulator chain (BK 64).
     n2 = H // BN2
     for t in range(tl.program_id(0), n_m * n2, tl.num_programs(0)):
-        mb = t // n2
-        nb = t % n2
-        e = mb * BM // RPE
-        o_m = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        mb, nb, e, o_m = _tile_rows(t, n2, RPE, BM)
         o_n = nb * BN2 + tl.arange(0, BN2)
         o_k = tl.arange(0, BK)
         nkb = I // BK
@@ -111,10 +115,7 @@ def _l2_desc(d_act, p_as, d_w2, p_w2s, p_out, H, I, n_m, RPE: tl.constexpr, BM: 
     n2 = H // BN2
     nkb = I // BK
     for t in range(tl.program_id(0), n_m * n2, tl.num_programs(0)):
-        mb = t // n2
-        nb = t % n2
-        e = mb * BM // RPE
-        o_m = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        mb, nb, e, o_m = _tile_rows(t, n2, RPE, BM)
         o_n = nb * BN2 + tl.arange(0, BN2)
         p_a_s = p_as + o_m * nkb
         p_bs = p_w2s + (e.to(tl.int64) * (H // 128) + (nb * BN2) // 128) * nkb
@@ -150,10 +151,7 @@ def _l1_variant(p_recv, p_rs, p_w1, p_w1s, p_act, p_as, H, I, n_m, RPE: tl.const
     # 3: the library's epilogue, two K blocks per loop step (four dots; nkb odd: the last one alone).
     n1 = I // BN1
     for t in range(tl.program_id(0), n_m * n1, tl.num_programs(0)):
-        mb = t // n1
-        nb = t % n1
-        e = mb * BM // RPE
-        o_row = (mb * BM + tl.arange(0, BM)).to(tl.int64)
+        mb, nb, e, o_row = _tile_rows(t, n1, RPE, BM)
         o_n = tl.arange(0, BN1)
         o_k = tl.arange(0, BK)
         nkb = H // BK
