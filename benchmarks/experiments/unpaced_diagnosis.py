@@ -36,25 +36,34 @@ from xstage.sched.validate import _config
 RUN_B = Path(__file__).resolve().parents[1] / "results" / "h200-moe-ab" / "run-b" / "moe.csv"
 
 
-def fabric_share(res, burst_bytes: dict[str, int], window: float, onset: float) -> tuple[float, float]:
-    """(mean CTAs with a burst in progress, share of the kernel with the term's occupancy >= onset)."""
+# Storing CTAs from which every SM's tiles slowed beside unpaced combine-pattern bursts
+# (`../results/h200-tiles-beside-tile-stores/`, run 3: none at 16, 12-15% at 33, 58-72% at 66)
+CROWD = 33
+
+
+def fabric_share(res, burst_bytes: dict[str, int], window: float, onset: float, crowd: int = CROWD
+                 ) -> tuple[float, float, float]:
+    """(mean CTAs with a burst in progress, share of the kernel with the term's occupancy >= onset,
+    share of the kernel with at least `crowd` CTAs storing at once)."""
     events = []
     for s in res.segments:
         if s.kind in ("issue", "stall") and s.duration_ns > 0:
             b = min(burst_bytes.get(s.task, 0), window)
             events += [(s.start_ns, 1, b), (s.end_ns, -1, -b)]
     events.sort()
-    busy_ns = active_ns = 0.0
+    busy_ns = active_ns = crowd_ns = 0.0
     n = occ = 0.0
     t_prev = 0.0
     for t, dn, db in events:
         busy_ns += n * (t - t_prev)
         if occ >= onset:
             active_ns += t - t_prev
+        if n >= crowd:
+            crowd_ns += t - t_prev
         n += dn
         occ += db
         t_prev = t
-    return busy_ns / res.time_ns, active_ns / res.time_ns
+    return busy_ns / res.time_ns, active_ns / res.time_ns, crowd_ns / res.time_ns
 
 
 def main(argv=None) -> int:
@@ -88,7 +97,7 @@ def main(argv=None) -> int:
                                                                term.unpaced_drain)},
                                   interference={"remote": term})
             pred[pace] = res
-        storing, active = fabric_share(pred["off"], bursts, term.window_bytes, term.onset_bytes)
+        storing, active, crowded = fabric_share(pred["off"], bursts, term.window_bytes, term.onset_bytes)
         t_paced, t_off = float(paced_row["time_ns"]), float(r["time_ns"])
         out.append(dict(shape=r["shape"], tokens=cfg.tokens_per_rank, ep=ep, schedule=args.schedule,
                         remote_mb=round(remote / 1e6, 1),
@@ -98,6 +107,7 @@ def main(argv=None) -> int:
                         pred_unpaced_ms=round(pred["off"].time_ns / 1e6, 3),
                         unpaced_err=round(pred["off"].time_ns / t_off - 1, 3),
                         sim_storing_ctas=round(storing, 1), sim_term_active=round(active, 3),
+                        sim_crowded=round(crowded, 3),
                         measured_commit=r["git_commit"]))
         print(out[-1], flush=True)
     env = environment()
@@ -106,7 +116,7 @@ def main(argv=None) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     write_csv_atomic(Path(args.out) / "unpaced_diagnosis.csv", out, list(out[0]))
     cols = ["shape", "tokens", "ep", "remote_mb", "paced_gbps", "unpaced_gbps", "unpaced_err", "sim_storing_ctas",
-            "sim_term_active"]
+            "sim_crowded", "sim_term_active"]
     print(markdown_table(out, cols))
     return 0
 
