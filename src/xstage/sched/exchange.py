@@ -23,8 +23,8 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
   them: the serial copy's costs, z = k = 0), since a copy beside running attention is not the
   serial copy. While a send is in flight the tiles run `1 + k` times as long (the copy engine's
   reads share the memory system with them): compute that overlaps a send of length d ends `k * d`
-  later. Slowing every tile instead (the model until 2026-12-02) fitted the calibration worse
-  (in-sample median 1.80% / 1.73% for the ranked cuDNN cuts, against 1.57% / 1.40%) and put
+  later. Slowing every tile instead (the earlier model) fitted the calibration of commit d77f19c
+  worse (in-sample median 1.80% / 1.73% for the ranked cuDNN cuts, against 1.57% / 1.40%) and put
   1.7% of attention on the long sequences, whose sends are a few percent of the kernel;
 - `stores`: the Triton kernel with the exchange in its epilogue. Its key loop runs slower than
   attention alone even on a link-free path (register pressure of the send code; see
@@ -32,7 +32,7 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
   tile parks its rows and sends them in chunks, whatever its length), per head dim and pacing; the
   link must still carry every remote byte at the path's drain rate, and the last round's rows
   drain after the kernel. (`s` alone, fitted on the long kernels, left an in-sample median of 3.1%
-  at D = 128; with `c`, 1.1%.) `s` and `c` are fitted apart for sequence lengths that are and are
+  at D = 128 on that calibration; with `c`, 1.1%.) `s` and `c` are fitted apart for sequence lengths that are and are
   not multiples of 16: Triton compiles a separate kernel for each, and the fused one runs 2-7% slower
   without the divisibility (`benchmarks/results/h200-ulysses-length-specialization/`).
 Every coefficient is fitted by least squares on a calibration grid (`xstage bench ulysses --grid
