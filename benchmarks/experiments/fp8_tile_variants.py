@@ -14,7 +14,8 @@ unless named:
   the bound of this loop structure), `bf16` the BF16 kernel's accumulator chain (BK 64); `tma` its
   operands through TMA descriptors, one block per step, `tma:ws` the same K loop warp-specialized
   (Triton's `warp_specialize`: a producer partition issues the loads), `tma:acc` / `tma:ws:acc` both
-  unscaled (bounds);
+  unscaled (bounds); `gluon` the scaled tile in Gluon (`fp8_gluon_tile.py`: a TMA producer warp, two
+  4-warp consumers of 64 rows each that promote out of phase, 4 stages);
 - Linear-1: `lib` the library's `_linear1_fp8` (SwiGLU, 1x128 requantization), `k2` its loop with two
   K blocks (four dots) per step and 2 stages, `noepi` the K loop alone (stores g + u), `recip` its
   epilogue dividing through one reciprocal per row, `bf16` the library's BF16 `_linear1`.
@@ -194,6 +195,16 @@ def _l1_variant(p_recv, p_rs, p_w1, p_w1s, p_act, p_as, H, I, n_m, RPE: tl.const
             tl.store(p_as + o_row * (I // 128) + nb, b_sc)
 
 
+def _gluon_tile():
+    """`fp8_gluon_tile.py` beside this file, loaded by path (it is no package module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fp8_gluon_tile", Path(__file__).with_name("fp8_gluon_tile.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _fp8_data(shape, g, dev):
     return (torch.randn(shape, generator=g, device=dev) * 2).clamp(-8, 8).to(FP8)
 
@@ -220,14 +231,19 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int, only=()) -> 
                    "lib:w16": (None, 128, 16, 4), "k3": (4, 128, 8, 2), "acc": (2, 128, 8, 4), "bf16": (3, 128, 8, 4),
                    # TMA operands, one block per step: plain, warp-specialized, and both unscaled
                    "tma": ("desc", 128, 8, 4), "tma:ws": ("desc:ws", 128, 8, 4), "tma:acc": ("desc:acc", 128, 8, 4),
-                   "tma:ws:acc": ("desc:ws:acc", 128, 8, 4)}
+                   "tma:ws:acc": ("desc:ws:acc", 128, 8, 4),
+                   # Gluon: the default partition's 4 warps (one consumer), a 4-warp consumer, a producer warp
+                   "gluon": ("gluon", 128, 4, 4)}
     l1_variants = {"lib": None, "k2": 3, "noepi": 2, "recip": 1, "bf16": None}
 
     def l2(variant):
         out = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
         mode, bm, warps, stages = l2_variants[variant]
         n = P // bm
-        if isinstance(mode, str):
+        if mode == "gluon":  # imported here: a Triton without Gluon's Hopper API still runs the rest
+            launch = _gluon_tile().launch_l2_gluon(act, act_s, w2, w2_s, out, H, I, rows_per_expert, sms,
+                                                   num_stages=stages)
+        elif isinstance(mode, str):
             from triton.tools.tensor_descriptor import TensorDescriptor
 
             d_a = TensorDescriptor(act, shape=[P, I], strides=[I, 1], block_shape=[bm, 128])
