@@ -15,7 +15,7 @@ unless named:
   operands through TMA descriptors, one block per step, `tma:ws` the same K loop warp-specialized
   (Triton's `warp_specialize`: a producer partition issues the loads), `tma:acc` / `tma:ws:acc` both
   unscaled (bounds); `gluon` the scaled tile in Gluon (`fp8_gluon_tile.py`: a TMA producer warp, two
-  4-warp consumers of 64 rows each that promote out of phase, 4 stages);
+  4-warp consumers of 64 rows each that promote out of phase, 4 stages; `gluon:s3`, `gluon:s6` 3 or 6);
 - Linear-1: `lib` the library's `_linear1_fp8` (SwiGLU, 1x128 requantization), `k2` its loop with two
   K blocks (four dots) per step and 2 stages, `noepi` the K loop alone (stores g + u), `recip` its
   epilogue dividing through one reciprocal per row, `bf16` the library's BF16 `_linear1`.
@@ -233,7 +233,7 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int, only=()) -> 
                    "tma": ("desc", 128, 8, 4), "tma:ws": ("desc:ws", 128, 8, 4), "tma:acc": ("desc:acc", 128, 8, 4),
                    "tma:ws:acc": ("desc:ws:acc", 128, 8, 4),
                    # Gluon: the default partition's 4 warps (one consumer), a 4-warp consumer, a producer warp
-                   "gluon": ("gluon", 128, 4, 4)}
+                   "gluon": ("gluon", 128, 4, 4), "gluon:s3": ("gluon", 128, 4, 3), "gluon:s6": ("gluon", 128, 4, 6)}
     l1_variants = {"lib": None, "k2": 3, "noepi": 2, "recip": 1, "bf16": None}
 
     def l2(variant):
