@@ -16,6 +16,7 @@ unless named:
   (Triton's `warp_specialize`: a producer partition issues the loads), `tma:acc` / `tma:ws:acc` both
   unscaled (bounds); `gluon` the scaled tile in Gluon (`fp8_gluon_tile.py`: a TMA producer warp, two
   4-warp consumers of 64 rows each that promote out of phase, 4 stages; `gluon:s3`, `gluon:s6` 3 or 6);
+  `single:64x2`, `lib:64x2`, `tma:64x2` those loops on 64-row tiles, one warpgroup per CTA, two CTAs per SM;
 - Linear-1: `lib` the library's `_linear1_fp8` (SwiGLU, 1x128 requantization), `k2` its loop with two
   K blocks (four dots) per step and 2 stages, `noepi` the K loop alone (stores g + u), `recip` its
   epilogue dividing through one reciprocal per row, `bf16` the library's BF16 `_linear1`.
@@ -233,13 +234,17 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int, only=()) -> 
                    "tma": ("desc", 128, 8, 4), "tma:ws": ("desc:ws", 128, 8, 4), "tma:acc": ("desc:acc", 128, 8, 4),
                    "tma:ws:acc": ("desc:ws:acc", 128, 8, 4),
                    # Gluon: the default partition's 4 warps (one consumer), a 4-warp consumer, a producer warp
-                   "gluon": ("gluon", 128, 4, 4), "gluon:s3": ("gluon", 128, 4, 3), "gluon:s6": ("gluon", 128, 4, 6)}
+                   "gluon": ("gluon", 128, 4, 4), "gluon:s3": ("gluon", 128, 4, 3), "gluon:s6": ("gluon", 128, 4, 6),
+                   # one warpgroup per CTA (64-row tiles, 4 warps), two CTAs per SM: the two promote
+                   # independently, as Gluon's two consumers do, at twice the weight loads
+                   "single:64x2": (0, 64, 4, 4, 2), "lib:64x2": (None, 64, 4, 4, 2), "tma:64x2": ("desc", 64, 4, 4, 2)}
     l1_variants = {"lib": None, "k2": 3, "noepi": 2, "recip": 1, "bf16": None}
 
     def l2(variant):
         out = torch.empty(P, H, dtype=torch.bfloat16, device=dev)
-        mode, bm, warps, stages = l2_variants[variant]
+        mode, bm, warps, stages, per_sm = (*l2_variants[variant], 1)[:5]
         n = P // bm
+        grid = (sms * per_sm,)
         if mode == "gluon":  # imported here: a Triton without Gluon's Hopper API still runs the rest
             launch = _gluon_tile().launch_l2_gluon(act, act_s, w2, w2_s, out, H, I, rows_per_expert, sms,
                                                    num_stages=stages)
@@ -248,16 +253,16 @@ def run(out_dir: Path, warmup: int, rep: int, rows_per_expert: int, only=()) -> 
 
             d_a = TensorDescriptor(act, shape=[P, I], strides=[I, 1], block_shape=[bm, 128])
             d_b = TensorDescriptor(w2, shape=[E * H, I], strides=[I, 1], block_shape=[128, 128])
-            launch = lambda: _l2_desc[(sms,)](d_a, act_s, d_b, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
+            launch = lambda: _l2_desc[grid](d_a, act_s, d_b, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
                                               BN2=128, BK=128, WS=":ws" in mode, SCALED=":acc" not in mode,
                                               num_warps=warps, num_stages=stages)
         elif mode is None:  # the library's pair loop: PAIR_STAGES = stages - 1, as the fused kernel passes it
-            launch = lambda: _l2_lib[(sms,)](act, act_s, w2, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
+            launch = lambda: _l2_lib[grid](act, act_s, w2, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
                                              BN2=128, BK=128, PAIR_STAGES=stages - 1, num_warps=warps,
                                              num_stages=stages)
         else:
             a, w = (act16, w2_16) if variant == "bf16" else (act, w2)
-            launch = lambda: _l2_variant[(sms,)](a, act_s, w, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
+            launch = lambda: _l2_variant[grid](a, act_s, w, w2_s, out, H, I, n, RPE=rows_per_expert, BM=bm,  # noqa: E731
                                                  BN2=128, BK=64 if variant == "bf16" else 128, MODE=mode,
                                                  num_warps=warps, num_stages=stages)
         return launch, (out,), 2.0 * P * H * I
