@@ -37,7 +37,9 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
   without the divisibility (`benchmarks/results/h200-ulysses-length-specialization/`).
 Every coefficient is fitted by least squares on a calibration grid (`xstage bench ulysses --grid
 calibration`: other head counts and sequence lengths than the grid the planner is judged on);
-the default fit is the H200 host-path calibration embedded in `xstage/data`.
+the default fit is the H200 host-path calibration embedded in `xstage/data`. No term depends on the
+head count, yet the fused kernel's overhead over attention does at one length and P: the
+calibration holds two head counts at D = 128, so that its `stores` fit is not one count's.
 
 Example:
     >>> from xstage.sched.exchange import default_exchange_costs, plan_exchange
