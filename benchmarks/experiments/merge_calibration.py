@@ -17,6 +17,8 @@ KEY = ("heads", "dim", "tokens", "P", "path", "variant")
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    if not new:
+        raise InputError("the new calibration has no rows: nothing to merge")
     if old and new and list(old[0]) != list(new[0]):
         raise InputError(f"the two calibrations have different columns: {list(old[0])} vs {list(new[0])}")
     fresh = {tuple(str(r[k]) for k in KEY) for r in new}
