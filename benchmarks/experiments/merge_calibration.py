@@ -1,7 +1,7 @@
 """Add the rows of a new `xstage bench ulysses --grid calibration` run to a calibration CSV.
 
 Rows of the new run replace rows of the same configuration and variant (heads, dim, tokens, P, path,
-variant); the rest of the old file is kept. Writes atomically; refuses files whose columns differ.
+variant); the rest of the old file is kept. Writes atomically with `\n` line ends; refuses files whose columns differ.
 
     python3 benchmarks/experiments/merge_calibration.py OLD.csv NEW.csv -o MERGED.csv
 """
@@ -9,9 +9,10 @@ variant); the rest of the old file is kept. Writes atomically; refuses files who
 from __future__ import annotations
 
 import argparse
+import csv
 
 from xstage.errors import InputError
-from xstage.results.io import read_rows, write_csv_atomic
+from xstage.results.io import atomic_open, read_rows
 
 KEY = ("heads", "dim", "tokens", "P", "path", "variant")
 
@@ -33,7 +34,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     old, new = read_rows(args.old), read_rows(args.new)
     rows = merge(old, new)
-    write_csv_atomic(args.out, rows, list(rows[0]))
+    # `\n` line ends, as the embedded calibration has them: a merge adds its rows to the diff, nothing else
+    with atomic_open(args.out, newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
     print(f"{len(old)} + {len(new)} rows -> {len(rows)} in {args.out}")
     return 0
 
