@@ -36,8 +36,9 @@ from xstage.results import ResultWriter, geomean, read_rows, synchronize, time_d
 
 KEYS = ["shape", "tokens", "schedule", "block"]
 TILE_COLUMNS = [f"{name}_us" for name in KIND_NAMES]
+TILE_MEAN_COLUMNS = [f"{name}_mean_us" for name in KIND_NAMES]
 COLUMNS = KEYS + ["fused_us", "reduce_us", "chain_us", "fused_tflops", "chain_tflops", "ratio", "ratio_with_reduce",
-                  "max_err", "regs", "spills", "shared", "busy", *TILE_COLUMNS]
+                  "max_err", "regs", "spills", "shared", "busy", *TILE_COLUMNS, *TILE_MEAN_COLUMNS]
 
 
 def _with_block(pb: Problem, cfg) -> None:
@@ -51,7 +52,7 @@ def _with_block(pb: Problem, cfg) -> None:
 
 def _trace_summary(pb: Problem, schedule: str) -> tuple[float, dict]:
     """One traced run: the fraction of CTA time inside tasks (the rest is fetching, waiting and the
-    tail) and the median tile time per kind in us."""
+    tail) and the median and mean tile time per kind in us."""
     p = plan(pb.idx, pb.buf, schedule)
     trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device=pb.x.device)
     launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p, trace=trace)
@@ -61,29 +62,32 @@ def _trace_summary(pb: Problem, schedule: str) -> tuple[float, dict]:
     ran = trace[:, 0] > 0  # unit slots without rows are skipped and leave zeros
     go, done = trace[ran, 0].double(), trace[ran, 1].double()
     busy = float((done - go).sum() / (p.schedule.num_ctas * (done.max() - go.min())))
-    tiles = {f"{name}_us": float((done - go)[kinds[ran] == i].median()) / 1e3
-             for i, name in enumerate(KIND_NAMES) if bool((kinds[ran] == i).any())}
+    tiles = {}
+    for i, name in enumerate(KIND_NAMES):
+        d = (done - go)[kinds[ran] == i]
+        if len(d):
+            tiles.update({f"{name}_us": float(d.median()) / 1e3, f"{name}_mean_us": float(d.mean()) / 1e3})
     return busy, tiles
 
 
-def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(DEFAULT_BLOCK,), schedule="interleaved", warmup=3, rep=10,
-              trace=False, writer: ResultWriter | None = None, log=print) -> list[dict]:
-    """Fused kernel (main + reduce) vs the grouped_mm chain for each block spec, side by side on one
-    problem per shape and token count; rows already in `writer` are skipped, new ones written to it."""
+def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(DEFAULT_BLOCK,), schedules=("interleaved",), warmup=3,
+              rep=10, trace=False, writer: ResultWriter | None = None, log=print) -> list[dict]:
+    """Fused kernel (main + reduce) vs the grouped_mm chain for each block spec and schedule, side by side
+    on one problem per shape and token count; rows already in `writer` are skipped, new ones written to it."""
     rows = []
     for shape in shapes or SHAPES:
         H = MoeShape.parse(shape).hidden
         for T in tokens:
-            todo = [b for b in blocks
-                    if writer is None or not writer.done(dict(shape=shape, tokens=T, schedule=schedule, block=b))]
+            todo = [(b, s) for b in blocks for s in schedules
+                    if writer is None or not writer.done(dict(shape=shape, tokens=T, schedule=s, block=b))]
             if not todo:
                 continue
-            pb = Problem(shape, T, 1, "hbm", parse_block(todo[0], H))
+            pb = Problem(shape, T, 1, "hbm", parse_block(todo[0][0], H))
             un = Unfused(pb, "hbm")
             chain = time_device(lambda un=un: un.chain(un.x_sorted), warmup=warmup, rep=rep).median_ns
             ref = un.combine(un.chain(un.x_sorted)).float()
             scale = float(ref.abs().max()) or 1.0
-            for spec in todo:
+            for spec, schedule in todo:
                 try:
                     _with_block(pb, parse_block(spec, H))
                     k = launch_main(pb.x, pb.w1t, pb.w2, pb.buf, plan(pb.idx, pb.buf, schedule))  # compiles
@@ -91,7 +95,7 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(DEFAULT_BLOCK,), schedu
                     main, red, y, _ = time_fused(pb, schedule, warmup, rep)
                     main = main.median_ns
                 except Exception:  # a config that does not compile or fit: report and go on
-                    log(f"ep1 {shape} T={T} block={spec}: " + traceback.format_exc()[-2500:])
+                    log(f"ep1 {shape} T={T} block={spec} schedule={schedule}: " + traceback.format_exc()[-2500:])
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
                     continue
@@ -152,7 +156,7 @@ def main(argv=None) -> int:
                     help="comma-separated block specs BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS]")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated shapes H<h>-I<i>-E<e>-K<k>")
     ap.add_argument("--tokens", default="4096,16384", help="comma-separated token counts")
-    ap.add_argument("--schedule", default="lag:16", help="the schedule of the fused kernel")
+    ap.add_argument("--schedule", default="lag:16", help="comma-separated schedules of the fused kernel")
     ap.add_argument("--trace", action="store_true", help="also one traced run per block: busy fraction, tile times")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rep", type=int, default=10)
@@ -170,10 +174,12 @@ def main(argv=None) -> int:
         writer = ResultWriter(path, COLUMNS, KEYS, require_commit=True)
     except (InputError, ValueError) as exc:
         ap.error(str(exc))
-    ep1_sweep(shapes, tokens, blocks, a.schedule, a.warmup, a.rep, a.trace, writer)
-    chosen = [r for r in read_rows(path) if r["shape"] in shapes and int(r["tokens"]) in tokens
-              and r["block"] in blocks and r["schedule"] == a.schedule]
-    print(ep1_table(chosen) if chosen else "no rows")
+    schedules = a.schedule.split(",")
+    ep1_sweep(shapes, tokens, blocks, schedules, a.warmup, a.rep, a.trace, writer)
+    for schedule in schedules:
+        chosen = [r for r in read_rows(path) if r["shape"] in shapes and int(r["tokens"]) in tokens
+                  and r["block"] in blocks and r["schedule"] == schedule]
+        print(f"schedule {schedule}:\n" + (ep1_table(chosen) if chosen else "no rows"))
     return 0
 
 
