@@ -6,9 +6,10 @@ from the measured medians of its shape (`table`, interpolated in rows per expert
 model (`tile_model`, `xstage.sched.tilecost`: a roofline over the tile's FLOPs and bytes that carries
 to unmeasured shapes and operand sizes), or from a per-kind `overhead_ns + work / rate` (one CTA on
 one SM; work is FLOPs for GEMM tiles and bytes for copy tasks such as dispatch), fitted to in-kernel
-timings of the kernel's own tiles (`xstage.sched.calibrate`). The JSON keeps all three, the data they
-came from and provenance, so a planner on a machine without a GPU uses measured costs, never guessed
-ones.
+timings of the kernel's own tiles (`xstage.sched.calibrate`). Those are traced in the `expert_wave`
+order; the order effect (`order`, `xstage.sched.ordercost`) scales them for the schedule that runs
+them. The JSON keeps all of it, the data it came from and provenance, so a planner on a machine
+without a GPU uses measured costs, never guessed ones.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 
 from xstage.errors import InputError
 from xstage.moe.problem import MoeShape
+from xstage.sched.ordercost import OrderEffect
 from xstage.sched.tilecost import TileModel, fit_tile_model
 
 
@@ -54,17 +56,27 @@ class TaskCosts:
     table: list = field(default_factory=list)
     fetch_ns: float = 0.0  # per task, between tiles: taking the task and checking its inputs (median gap)
     tile_model: TileModel | None = None  # for shapes the table lacks; None in JSON from before the model
+    order: OrderEffect | None = None  # tile times under other schedules than the traced one; None: no effect
 
     def __post_init__(self):
         if not (self.fetch_ns >= 0 and math.isfinite(self.fetch_ns)):
             raise InputError(f"fetch_ns must be finite and >= 0, got {self.fetch_ns!r}")
 
     def tile_ns(self, kind: str, block: str, shape: str, rows_per_expert: float, work: float,
-                elem_bytes: int = 2) -> float:
-        """A task's compute time: the measured medians of this shape, kind, tile config and operand size,
-        interpolated in log(rows per expert) and held constant beyond the measured range (how much each
-        expert's weights are reused changes a tile's time); where this shape was not measured, the tile
-        model, or the per-kind fit of `work` in costs from before the tile model."""
+                elem_bytes: int = 2, schedule: str | None = None) -> float:
+        """A task's compute time under `schedule` (None: the traced order), the traced time times the
+        order effect's factor."""
+        base = self._traced_tile_ns(kind, block, shape, rows_per_expert, work, elem_bytes)
+        if self.order is None:
+            return base
+        return base * self.order.factor(schedule, shape, kind, rows_per_expert, elem_bytes)
+
+    def _traced_tile_ns(self, kind: str, block: str, shape: str, rows_per_expert: float, work: float,
+                        elem_bytes: int) -> float:
+        """A task's traced compute time: the measured medians of this shape, kind, tile config and operand
+        size, interpolated in log(rows per expert) and held constant beyond the measured range (how much
+        each expert's weights are reused changes a tile's time); where this shape was not measured, the
+        tile model, or the per-kind fit of `work` in costs from before the tile model."""
         pts = sorted((r["rows_per_expert"], r["median_ns"]) for r in self.table
                      if r["kind"] == kind and r["block"] == block and r["shape"] == shape
                      and r.get("elem_bytes", 2) == elem_bytes)
@@ -90,8 +102,9 @@ class TaskCosts:
             prov["fetch_ns"] = "median gap of these shapes' runs"
         else:
             prov["fetch_ns"] = "median gap of every traced shape's runs (no gaps per run in the provenance)"
+        order = self.order.restricted(wanted) if self.order is not None else None
         return TaskCosts(self.kernel, {}, prov, {"tile_model": model.quality}, table,
-                         fetch_ns=float(np.median(gaps)) if gaps else self.fetch_ns, tile_model=model)
+                         fetch_ns=float(np.median(gaps)) if gaps else self.fetch_ns, tile_model=model, order=order)
 
     def cost(self, kind: str, block: str | None = None) -> KindCost:
         """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`).
@@ -126,8 +139,10 @@ class TaskCosts:
             quality.update(p.quality)
             table.extend(p.table)
         models = [p.tile_model for p in parts if p.tile_model is not None]
+        orders = [p.order for p in parts if p.order is not None]
         return cls(parts[0].kernel, kinds, {"parts": [p.provenance for p in parts]}, quality, table,
-                   fetch_ns=parts[-1].fetch_ns, tile_model=models[-1] if models else None)
+                   fetch_ns=parts[-1].fetch_ns, tile_model=models[-1] if models else None,
+                   order=orders[-1] if orders else None)
 
     def to_dict(self) -> dict:
         d = {
@@ -140,6 +155,8 @@ class TaskCosts:
         }
         if self.tile_model is not None:
             d["tile_model"] = self.tile_model.to_dict()
+        if self.order is not None:
+            d["order_effect"] = self.order.to_dict()
         return d
 
     @classmethod
@@ -150,10 +167,11 @@ class TaskCosts:
                       "rows_per_expert": float(r["rows_per_expert"]), "median_ns": float(r["median_ns"]),
                       **({"elem_bytes": int(r["elem_bytes"])} if "elem_bytes" in r else {})}
                      for r in d.get("table", [])]
-            model = d.get("tile_model")
+            model, order = d.get("tile_model"), d.get("order_effect")
             return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table,
                        fetch_ns=float(d.get("fetch_ns", 0.0)),
-                       tile_model=None if model is None else TileModel.from_dict(model, f"{source}: tile_model"))
+                       tile_model=None if model is None else TileModel.from_dict(model, f"{source}: tile_model"),
+                       order=None if order is None else OrderEffect.from_dict(order, f"{source}: order_effect"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{source}: malformed task costs ({type(exc).__name__}: {exc})") from None
 

@@ -190,7 +190,7 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
     rows_per_expert = cfg.tokens_per_rank * cfg.topk * cfg.ep / cfg.num_experts
     # A task occupies its CTA for the tile plus the fetch before it (next task, its inputs' check).
     kind_time = {k: costs.fetch_ns + costs.tile_ns(KIND_NAMES[k], cfg.block, shape_key, rows_per_expert,
-                                                   task_work(cfg, k), elem_bytes=cfg.elem_bytes)
+                                                   task_work(cfg, k), elem_bytes=cfg.elem_bytes, schedule=schedule)
                  for k in (DISPATCH, LINEAR1, LINEAR2)}
     # Rounded so tasks of one kind share one clock in the simulator's interference term.
     kind_share = {k: round(mem_share(tile_load_bytes(cfg, k, rows_per_expert), kind_time[k]), 3)

@@ -1,0 +1,137 @@
+"""The order effect (`xstage.sched.ordercost`) from EP=1 traces per schedule, and how it predicts.
+
+Input: `moe_ep1.py --trace` rows of several schedules (`ep1.csv`: per shape, tokens and schedule the
+fused kernel's time and the mean tile time per kind). Output, under `--out`:
+- `ratios.csv`: per shape, tokens, schedule and kind the measured ratio (mean tile time over
+  `expert_wave`'s in the same run) and the ratio the effect predicts from the calibration shapes only
+  (`xstage.sched.calibrate.MODEL_SHAPES`); the report shapes never enter it.
+- `ep1-kernels.csv`: the EP=1 kernel time per configuration and schedule, measured and simulated with
+  the calibration shapes' costs, with and without the effect.
+- a summary table on stdout and in `summary.md`.
+`--update COSTS_JSON` writes the effect of every traced shape into that task-costs file (the embedded
+`xstage/data/h200-moe-task-costs.json`), as the embedded tile table holds every traced shape.
+
+    PYTHONPATH=src python benchmarks/experiments/order_effect.py --ep1 benchmarks/results/h200-moe-order/ep1.csv \
+        --out benchmarks/results/h200-moe-order [--update src/xstage/data/h200-moe-task-costs.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+from pathlib import Path
+
+from xstage.env import environment
+from xstage.model import load_default_profile
+from xstage.moe.problem import MoeShape
+from xstage.results.io import read_rows, write_csv_atomic
+from xstage.results.tables import markdown_table
+from xstage.sched.calibrate import MODEL_SHAPES, REPORT_SHAPES
+from xstage.sched.costs import TaskCosts, load_default_costs
+from xstage.sched.moe import MoeConfig, moe_work, remote_path
+from xstage.sched.ordercost import KINDS, order_effect_from_means
+from xstage.sched.simulate import simulate_kernel
+
+
+def mean_rows(ep1: list[dict]) -> list[dict]:
+    """`ep1.csv` rows -> one row per shape, rows per expert, schedule and kind (EP=1)."""
+    out = []
+    for r in ep1:
+        _, _, experts, topk = MoeShape.parse(r["shape"])
+        for kind in KINDS:
+            out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "schedule": r["schedule"], "kind": kind,
+                        "rows_per_expert": int(r["tokens"]) * topk / experts,
+                        "mean_ns": float(r[f"{kind}_mean_us"]) * 1e3})
+    return out
+
+
+def ep1_time_ns(costs: TaskCosts, shape: str, tokens: int, block: str, schedule: str) -> float:
+    """The simulated EP=1 kernel (no remote stores) as `xstage plan validate` builds it."""
+    h, i, e, k = MoeShape.parse(shape)
+    bm, bn1, bn2, bk = (int(v) for v in block.split(":")[:4])
+    cfg = MoeConfig(hidden=h, intermediate=i, num_experts=e, topk=k, tokens_per_rank=tokens, ep=1,
+                    block_m=bm, block_n1=bn1, block_n2=min(bn2, h), block_k=bk)
+    work = moe_work(cfg, schedule, costs, 132)
+    return simulate_kernel(work, {"remote": remote_path(load_default_profile("host").params)}).time_ns
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ep1", required=True, help="moe_ep1.py rows of several schedules, with --trace")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--update", help="write the effect of every traced shape into this task-costs JSON")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the EP=1 kernel simulations")
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ep1 = read_rows(a.ep1)
+    rows = mean_rows(ep1)
+    source = {"from": str(a.ep1), "git_commit": sorted({r["git_commit"] for r in ep1}),
+              "method": "mean traced tile time per kind under each schedule over expert_wave's, EP=1, same run"}
+    full = order_effect_from_means(rows, source)
+    calib = full.restricted(MODEL_SHAPES)
+    commit = environment()["git_commit"]
+
+    by_key = {(r["shape"], r["tokens"], r["schedule"], r["kind"]): r for r in rows}
+    ratio_rows = []
+    for r in rows:
+        if r["schedule"] == "expert_wave":
+            continue
+        base = by_key[(r["shape"], r["tokens"], "expert_wave", r["kind"])]["mean_ns"]
+        ratio_rows.append({"shape": r["shape"], "tokens": r["tokens"], "schedule": r["schedule"], "kind": r["kind"],
+                           "role": "calibration" if r["shape"] in MODEL_SHAPES else "report",
+                           "measured_ratio": round(r["mean_ns"] / base, 4),
+                           "predicted_ratio": round(calib.factor(r["schedule"], r["shape"], r["kind"],
+                                                                 r["rows_per_expert"]), 4),
+                           "git_commit": commit})
+    write_csv_atomic(out / "ratios.csv", ratio_rows, list(ratio_rows[0]))
+    lines = ["Tile-time ratios over `expert_wave`, report shapes (effect from the calibration shapes only): "
+             "median |predicted / measured - 1|"]
+    table = []
+    for shape in REPORT_SHAPES:
+        for kind in KINDS:
+            sel = [r for r in ratio_rows if r["shape"] == shape and r["kind"] == kind]
+            err = [abs(r["predicted_ratio"] / r["measured_ratio"] - 1) for r in sel]
+            none = [abs(1 / r["measured_ratio"] - 1) for r in sel]
+            table.append({"shape": shape, "kind": kind, "rows": len(sel),
+                          "with the effect": f"{statistics.median(err):.1%}",
+                          "without (ratio 1)": f"{statistics.median(none):.1%}"})
+    lines.append(markdown_table(table, list(table[0])))
+
+    if not a.no_kernels:
+        base_costs = load_default_costs("moe").calibrated_on(MODEL_SHAPES)
+        with_costs = dataclasses.replace(base_costs, order=calib)
+        without_costs = dataclasses.replace(base_costs, order=None)
+        kern = []
+        for r in ep1:
+            t = int(r["tokens"])
+            kern.append({"shape": r["shape"], "tokens": t, "schedule": r["schedule"],
+                         "role": "calibration" if r["shape"] in MODEL_SHAPES else "report",
+                         "measured_ns": round(float(r["fused_us"]) * 1e3),
+                         "predicted_ns": round(ep1_time_ns(with_costs, r["shape"], t, r["block"], r["schedule"])),
+                         "predicted_without_ns": round(ep1_time_ns(without_costs, r["shape"], t, r["block"],
+                                                                   r["schedule"])),
+                         "git_commit": commit})
+        write_csv_atomic(out / "ep1-kernels.csv", kern, list(kern[0]))
+        table = []
+        for role in ("calibration", "report"):
+            sel = [k for k in kern if k["role"] == role]
+            for col, label in (("predicted_ns", "with the effect"), ("predicted_without_ns", "without")):
+                e = [k[col] / k["measured_ns"] - 1 for k in sel]
+                table.append({"shapes": role, "model": label, "rows": len(sel),
+                              "median |pred/meas - 1|": f"{statistics.median(map(abs, e)):.1%}",
+                              "signed median": f"{statistics.median(e):+.1%}"})
+        lines += ["", "EP=1 kernel time per configuration and schedule, simulated with the calibration shapes' costs",
+                  markdown_table(table, list(table[0]))]
+    text = "\n".join(lines)
+    (out / "summary.md").write_text(text + "\n")
+    print(text)
+    if a.update:
+        costs = TaskCosts.load(a.update)
+        dataclasses.replace(costs, order=full).save(a.update)
+        print(f"order effect of {', '.join(full.shapes)} written into {a.update}")
+
+
+if __name__ == "__main__":
+    main()

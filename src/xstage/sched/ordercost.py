@@ -1,0 +1,170 @@
+"""How a schedule's task order changes the fused MoE kernel's tile times: the order effect.
+
+Problem: the tile costs (`TaskCosts.table`, the tile model) are traced under one order, `expert_wave`,
+whose concurrent tasks stream one weight matrix of one expert at a time (W1 while a wave's LINEAR1
+tasks run, then W2). The interleaving orders (`interleaved`, `lag:k`) run LINEAR1 and LINEAR2 tasks
+side by side, so the SMs stream both matrices at once. Measured at EP=1 on one H200
+(`benchmarks/results/h200-moe-order/`): where W1 + W2 of an expert reaches the L2's size (about 50 MB),
+every GEMM tile and dispatch of an interleaving order runs 10-47% longer than under `expert_wave`
+(the units of an expert no longer find its weights in L2); where both fit (H1152-I4608, 32 MB) the
+orders run their tiles alike. `lag:1` and `lag:2` keep fewer tasks in flight (their LINEAR2 tasks
+wait for the LINEAR1 tasks just before them), and their tiles run up to 24% faster.
+
+Model: a factor on a task's traced time, per schedule, shape, kind and rows per expert:
+- a traced shape: its own ratio, mean tile time under the schedule over mean tile time under
+  `expert_wave` in the same run, interpolated in log(rows per expert) and held beyond the traced range;
+- another shape: the ratio of the reference shape (the traced shape with the largest W1 + W2) scaled by
+  how far the shape's W1 + W2 goes from the reference's W1 (the set `expert_wave` streams there, with no
+  effect: the traces' baseline) towards the reference's W1 + W2, clamped to [0, 1]:
+
+      factor = 1 + w * (ratio_ref - 1),   w = clamp((W1 + W2 - W1_ref) / W2_ref, 0, 1)
+
+`expert_wave` keeps factor 1 (it is the baseline of every trace). A schedule without traces (a custom
+order) has factor 1; `lag:k` without traces takes the traced lag nearest in log(k).
+
+Example:
+    >>> eff = OrderEffect({"interleaved": {"H4096-I2048-E256-K6": {"linear1": [(96.0, 1.0), (384.0, 1.2)]}}})
+    >>> round(eff.factor("interleaved", "H4096-I2048-E256-K6", "linear1", 192.0), 3)
+    1.1
+    >>> round(eff.factor("interleaved", "H4096-I1536-E128-K8", "linear1", 384.0), 3)  # W1 + W2 = 37.7 MB
+    1.05
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from xstage.errors import InputError
+from xstage.moe.problem import MoeShape
+
+BASELINE = "expert_wave"  # the order every tile trace runs in
+KINDS = ("dispatch", "linear1", "linear2")
+
+
+def weight_bytes(shape: str, elem_bytes: int = 2) -> tuple[float, float]:
+    """(W1, W2) bytes of one expert: gate/up `[H, 2I]` and down `[I, H]`."""
+    h, i, _, _ = MoeShape.parse(shape)
+    return 2.0 * h * i * elem_bytes, 1.0 * h * i * elem_bytes
+
+
+def _lag(schedule: str) -> int | None:
+    if schedule.startswith("lag:"):
+        try:
+            return int(schedule[4:])
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True)
+class OrderEffect:
+    """Measured tile-time ratios per schedule, shape and kind: `{schedule: {shape: {kind: [(rows per
+    expert, ratio), ...]}}}`, ratios over `expert_wave` (module docstring)."""
+
+    ratios: dict
+    provenance: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        clean: dict = {}
+        try:
+            for schedule, shapes in self.ratios.items():
+                for shape, kinds in shapes.items():
+                    key = str(MoeShape.parse(shape))
+                    for kind, pts in kinds.items():
+                        if kind not in KINDS:
+                            raise InputError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
+                        pts = sorted((float(r), float(x)) for r, x in pts)
+                        if not pts or any(not (r > 0 and x > 0 and math.isfinite(r) and math.isfinite(x))
+                                          for r, x in pts):
+                            raise InputError(f"{schedule} {shape} {kind}: ratios need rows per expert > 0 and "
+                                             f"ratio > 0, got {pts!r}")
+                        clean.setdefault(str(schedule), {}).setdefault(key, {})[kind] = pts
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise InputError(f"order effect: malformed ratios ({type(exc).__name__}: {exc})") from None
+        object.__setattr__(self, "ratios", clean)
+
+    @property
+    def shapes(self) -> list[str]:
+        return sorted({s for shapes in self.ratios.values() for s in shapes})
+
+    @property
+    def reference(self) -> str | None:
+        """The traced shape with the largest expert weights: it carries the effect to other shapes."""
+        return max(self.shapes, key=lambda s: sum(weight_bytes(s)), default=None)
+
+    def _schedule(self, schedule: str) -> str | None:
+        if schedule in self.ratios:
+            return schedule
+        k = _lag(schedule)
+        lags = [(abs(math.log(_lag(s) / k)), _lag(s), s) for s in self.ratios if _lag(s)] if k else []
+        return min(lags)[2] if lags else None
+
+    @staticmethod
+    def _interp(pts, rows_per_expert: float) -> float:
+        xs = np.log([p[0] for p in pts])
+        return float(np.interp(math.log(max(rows_per_expert, 1e-9)), xs, [p[1] for p in pts]))
+
+    def factor(self, schedule: str | None, shape: str, kind: str, rows_per_expert: float, elem_bytes: int = 2) -> float:
+        """The factor on a task's traced time under `schedule` (1 for `expert_wave` and untraced orders)."""
+        if schedule is None or schedule == BASELINE:
+            return 1.0
+        name = self._schedule(schedule)
+        if name is None:
+            return 1.0
+        per_shape = self.ratios[name]
+        if shape in per_shape and kind in per_shape[shape]:
+            return self._interp(per_shape[shape][kind], rows_per_expert)
+        ref = self.reference
+        if ref not in per_shape or kind not in per_shape[ref]:
+            return 1.0
+        w1_ref, w2_ref = weight_bytes(ref)
+        w = min(1.0, max(0.0, (sum(weight_bytes(shape, elem_bytes)) - w1_ref) / w2_ref))
+        return 1.0 + w * (self._interp(per_shape[ref][kind], rows_per_expert) - 1.0)
+
+    def restricted(self, shapes) -> OrderEffect | None:
+        """The effect as if only `shapes` had been traced (None where none of them was)."""
+        keep = {str(MoeShape.parse(s)) for s in shapes}
+        ratios = {sch: {s: k for s, k in per.items() if s in keep} for sch, per in self.ratios.items()}
+        ratios = {sch: per for sch, per in ratios.items() if per}
+        return OrderEffect(ratios, {"restricted_to": sorted(keep), "from": self.provenance}) if ratios else None
+
+    def to_dict(self) -> dict:
+        return {"ratios": {sch: {s: {k: [list(p) for p in pts] for k, pts in kinds.items()}
+                                 for s, kinds in per.items()} for sch, per in self.ratios.items()},
+                "provenance": self.provenance}
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "order effect") -> OrderEffect:
+        if not isinstance(d, dict) or not isinstance(d.get("ratios"), dict):
+            raise InputError(f"{source}: expected an object with 'ratios' "
+                             "{schedule: {shape: {kind: [[rows per expert, ratio], ...]}}}")
+        try:
+            return cls(d["ratios"], dict(d.get("provenance", {})))
+        except InputError as exc:
+            raise InputError(f"{source}: {exc}") from None
+
+
+def order_effect_from_means(rows, provenance: dict | None = None) -> OrderEffect | None:
+    """The effect from traced mean tile times: rows with shape, rows_per_expert, schedule, kind and
+    mean_ns, where each (shape, rows per expert, kind) that has a non-baseline schedule also has its
+    `expert_wave` row (the same run). None when no row has another schedule."""
+    base: dict = {}
+    for r in rows:
+        if r["schedule"] == BASELINE:
+            base[(str(MoeShape.parse(r["shape"])), float(r["rows_per_expert"]), r["kind"])] = float(r["mean_ns"])
+    ratios: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        if r["schedule"] == BASELINE:
+            continue
+        key = (str(MoeShape.parse(r["shape"])), float(r["rows_per_expert"]), r["kind"])
+        if key not in base:
+            raise InputError(f"order effect: {r['schedule']} {key[0]} at {key[1]:g} rows per expert ({key[2]}) "
+                             f"has no {BASELINE} row to compare with")
+        ratios[r["schedule"]][key[0]][key[2]].append((key[1], float(r["mean_ns"]) / base[key]))
+    if not ratios:
+        return None
+    return OrderEffect({s: {sh: dict(k) for sh, k in per.items()} for s, per in ratios.items()}, provenance or {})
