@@ -149,6 +149,10 @@ def test_plan_ulysses_and_validate_numbers(capsys, tmp_path):
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--shapes", "H1-I2"], "--shapes")
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--block", "100:128:256:64:8:4"],
            "--block", "block_m=100", "power of two")
+    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--schedules", "interleaved"],
+           "--schedules", "include expert_wave")
+    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--schedules", "expert_wave,lag:x"],
+           "--schedules", "lag:x")
     assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
 
 

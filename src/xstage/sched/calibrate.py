@@ -6,6 +6,8 @@ the real kernel. Per shape and task kind the median over tasks is taken; per kin
 `overhead_ns + work / rate` is fitted over the shapes (work = FLOPs of the padded tile, bytes for
 dispatch), and the tile model (`xstage.sched.tilecost`) over the medians of the shapes chosen for it,
 so the costs carry over to shapes that were not traced. Quality: each shape's median against the fits.
+The tiles are traced in the `expert_wave` order; other schedules, traced in the same run, give the
+order effect (`xstage.sched.ordercost`): their mean tile time per kind over `expert_wave`'s.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from xstage.env import environment
 from xstage.errors import InputError
 from xstage.moe.fused import launch_main, plan
 from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
-from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
+from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, check_schedule
 from xstage.sched.costs import KindCost, TaskCosts
 from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, task_work
+from xstage.sched.ordercost import BASELINE, order_effect_from_means
 from xstage.sched.tilecost import fit_tile_model
 
 CALIBRATION_SHAPES = tuple(SHAPES)
@@ -39,10 +42,10 @@ def task_gaps(trace: np.ndarray) -> np.ndarray:
 
 
 def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0,
-                dtype: str = "bf16"):
-    """Per task of one EP=1 run: kind and median traced duration (ns) over `reps` runs, and the median
-    gap between consecutive tasks of a CTA (`task_gaps`) over all runs. `dtype` "fp8": the FP8 buffer
-    (its default tiles unless `block_spec` says otherwise)."""
+                dtype: str = "bf16", schedule: str = BASELINE):
+    """Per task of one EP=1 run in `schedule`'s order: kind and median traced duration (ns) over `reps`
+    runs, and the median gap between consecutive tasks of a CTA (`task_gaps`) over all runs. `dtype`
+    "fp8": the FP8 buffer (its default tiles unless `block_spec` says otherwise)."""
     import torch
 
 
@@ -51,7 +54,7 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     fp8 = dtype == "fp8"
     cfg = parse_block(block_spec, MoeShape.parse(shape).hidden, fp8=fp8)
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed, dtype=dtype)
-    p = plan(pb.idx, pb.buf, "expert_wave")
+    p = plan(pb.idx, pb.buf, schedule)
     trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
     runs, gaps = [], []
     for _ in range(reps + 1):  # the first run compiles and warms up
@@ -87,24 +90,40 @@ def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
 
 
 def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), reps: int = 3,
-                  progress=None, model_shapes=None, dtype: str = "bf16") -> tuple[TaskCosts, list[dict]]:
+                  progress=None, model_shapes=None, dtype: str = "bf16",
+                  schedules=(BASELINE,)) -> tuple[TaskCosts, list[dict]]:
     """Trace every shape at every token count and tile config; fit per-kind costs and the tile model.
     `dtype` "fp8" traces the FP8 buffer: its rows carry `elem_bytes` 1, which the planner's lookups
-    and the tile model key on.
+    and the tile model key on. `schedules` beyond `expert_wave` (which must be among them) are traced
+    in the same runs for the order effect.
 
     Returns the costs (a cross-shape fit per kind and tile config, the measured medians per shape and
     rows per expert, which the planner interpolates, and the tile model fitted on `model_shapes`, by
     default every traced shape) and those medians as rows."""
 
     token_list = [int(tokens)] if isinstance(tokens, (int, np.integer)) else [int(t) for t in tokens]
+    schedules = list(dict.fromkeys(schedules))
+    for schedule in schedules:
+        check_schedule(schedule)
+    if BASELINE not in schedules:
+        raise InputError(f"schedules={schedules!r}: include {BASELINE}, the order the tile costs are traced in")
+    others = [s for s in schedules if s != BASELINE]
     runs = [(shape, t, b) for shape in shapes for t in token_list for b in (block_specs or (None,))]
-    per_shape = []
+    per_shape, means = [], []
     blocks = set()
     gaps: list[float] = []
     for i, (shape, t, spec) in enumerate(runs):
         mcfg, cfg, kinds, dur, gap_ns = trace_tasks(shape, t, spec, reps, dtype=dtype)
         gaps.append(gap_ns)
         blocks.add(mcfg.block)
+        for schedule in [BASELINE, *others] if others else []:  # each order's mean tile time per kind
+            o_kinds, o_dur = (kinds, dur) if schedule == BASELINE else \
+                trace_tasks(shape, t, spec, reps, dtype=dtype, schedule=schedule)[2:4]
+            for k in (DISPATCH, LINEAR1, LINEAR2):
+                sel = o_dur[(o_kinds == k) & (o_dur > 0)]
+                if len(sel):
+                    means.append({"shape": shape, "rows_per_expert": t * mcfg.topk / mcfg.num_experts,
+                                  "schedule": schedule, "kind": KIND_NAMES[k], "mean_ns": float(np.mean(sel))})
         for k in (DISPATCH, LINEAR1, LINEAR2):
             sel = dur[kinds == k]
             sel = sel[sel > 0]
@@ -139,7 +158,9 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
              for r in per_shape]
     model, prov["tile_model"] = tile_model_of(table, model_shapes)
     fetch = float(np.median(gaps)) if gaps else 0.0
-    return TaskCosts("moe", kinds, prov, quality, table, fetch_ns=fetch, tile_model=model), per_shape
+    method = "mean traced tile time per kind over expert_wave's, EP=1, same shape and token count"
+    order = order_effect_from_means(means, {"method": method, **{k: prov[k] for k in ("date", "git_commit")}})
+    return TaskCosts("moe", kinds, prov, quality, table, fetch_ns=fetch, tile_model=model, order=order), per_shape
 
 
 def tile_model_of(table: list[dict], shapes=None):

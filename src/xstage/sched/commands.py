@@ -20,7 +20,7 @@ from xstage.model.interference import load_default_interference
 from xstage.moe.buffer import check_block_size
 from xstage.moe.pacing import AUTO, PACING_CANDIDATES, resolve_pacing
 from xstage.moe.problem import MoeShape, parse_block
-from xstage.moe.schedule import CANDIDATES
+from xstage.moe.schedule import CANDIDATES, check_schedule
 from xstage.moe.variant import Variant
 from xstage.results import emit, markdown_table
 from xstage.results.io import ResultWriter, write_csv_atomic
@@ -228,9 +228,18 @@ def run_calibrate(args) -> int:
         if not model_shapes or untraced:
             raise InputError(f"--model-shapes {args.model_shapes!r}: give shapes among --shapes "
                              f"({','.join(str(s) for s in parsed)}); not traced: {','.join(untraced)}")
+    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    if "expert_wave" not in schedules:
+        raise InputError(f"--schedules {args.schedules!r}: include expert_wave, the order the tile costs are traced in")
+    for schedule in schedules:
+        try:
+            check_schedule(schedule)
+        except InputError as exc:
+            raise InputError(f"--schedules: {exc}") from None
     with Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
         costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=blocks, reps=reps,
-                                         progress=bar.callback, model_shapes=model_shapes, dtype=dtype)
+                                         progress=bar.callback, model_shapes=model_shapes, dtype=dtype,
+                                         schedules=schedules)
     out.mkdir(parents=True, exist_ok=True)
     costs.save(out / "moe-task-costs.json")
     w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
@@ -408,6 +417,10 @@ def register(sub) -> None:
                    "(default: 3)")
     c.add_argument("--model-shapes", metavar="S1,S2", help="comma-separated traced shapes to fit the tile model "
                    "(xstage.sched.tilecost) on, to score it on the others (default: every traced shape)")
+    c.add_argument("--schedules", default="expert_wave", metavar="S1,S2", help="comma-separated schedules to trace; "
+                   "the tile costs come from expert_wave (required among them), the others give the order effect "
+                   "(xstage.sched.ordercost), e.g. expert_wave,interleaved,lag:1,lag:2,lag:4,lag:8,lag:16 "
+                   "(default: %(default)s)")
     _add_json(c)
     c.set_defaults(handler=run_calibrate)
 
