@@ -228,14 +228,9 @@ def run_calibrate(args) -> int:
         if not model_shapes or untraced:
             raise InputError(f"--model-shapes {args.model_shapes!r}: give shapes among --shapes "
                              f"({','.join(str(s) for s in parsed)}); not traced: {','.join(untraced)}")
-    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    schedules = _checked_list(args.schedules, ["expert_wave"], check_schedule, "expert_wave,interleaved", "--schedules")
     if "expert_wave" not in schedules:
         raise InputError(f"--schedules {args.schedules!r}: include expert_wave, the order the tile costs are traced in")
-    for schedule in schedules:
-        try:
-            check_schedule(schedule)
-        except InputError as exc:
-            raise InputError(f"--schedules: {exc}") from None
     with Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
         costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=blocks, reps=reps,
                                          progress=bar.callback, model_shapes=model_shapes, dtype=dtype,
