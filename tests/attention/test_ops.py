@@ -32,7 +32,10 @@ def test_custom_op_matches_the_function_and_compiles(device):
 
 
 @pytest.mark.gpu
-def test_cuda_graph_replays_fused_loopback():
+@pytest.mark.parametrize("exchange", ["auto", "stores:paced", "overlap:cudnn:3:waves", "overlap:triton:4:waves",
+                                      "serial:cudnn"])
+def test_cuda_graph_replays_each_exchange_on_a_loopback_group(exchange):
+    # the host path's stand-in ranks unpack in stream order, so every mechanism can be captured
     from xstage.attention import ulysses_reference
     from xstage.attention.layout import UlyssesPlan
     from xstage.attention.ulysses import loopback_index
@@ -41,10 +44,10 @@ def test_cuda_graph_replays_fused_loopback():
     ctx = create_context(path="host", loopback_world=world, rank=rank)
     plan = UlyssesPlan(world, rank, 1, seq, H, D)
     static = [torch.randn(1, 300, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-    out = ulysses_attention(*static, comm=ctx)  # first call allocates the buffers, outside capture
+    out = ulysses_attention(*static, comm=ctx, exchange=exchange)  # first call allocates, outside capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = ulysses_attention(*static, comm=ctx)
+        out = ulysses_attention(*static, comm=ctx, exchange=exchange)
     idx = loopback_index(plan, "cuda")
     for seed in range(3):
         torch.manual_seed(seed)

@@ -332,20 +332,24 @@ def check_runnable(ex: Exchange, device: torch.device) -> None:
 
 def unpack_loopback(plan: UlyssesPlan, state: FusedState) -> None:
     """What the stand-in ranks of a loopback group do with this rank's staged rows: move them into
-    their outputs (a host path's copies are asynchronous: wait for them first)."""
+    their outputs, in stream order (so also inside a CUDA graph)."""
     r = plan.rank
     h0, h1 = plan.head0[r], plan.head0[r + 1]
     n = plan.batch * (h1 - h0) * plan.head_dim
     stage = state.stage
-    if state.out.local.is_cuda and any(not t.is_cuda for t in stage.peers):
-        torch.cuda.current_stream(state.out.local.device).synchronize()
     for p in range(plan.world):
         s_p = plan.seq_lens[p]
         if p == r or s_p == 0:
             continue
         off = stage_offset(plan, p, r)
-        region = stage.peers[p].view(-1)[off:off + s_p * n].view(s_p, plan.batch, h1 - h0, plan.head_dim)
-        state.out.peers[p][:, :s_p, h0:h1].copy_(region.transpose(0, 1))
+        region = stage.peers[p].view(-1)[off:off + s_p * n]
+        dest = state.out.peers[p]
+        if dest.is_cuda and not region.is_cuda:
+            # A host region goes to the device whole first: copying its transposed view would make torch
+            # gather it on the CPU, which reads the host buffer before the stream's copies into it land
+            # (and cannot be captured). A contiguous pinned copy is ordered on the stream.
+            region = region.to(dest.device, non_blocking=True)
+        dest[:, :s_p, h0:h1].copy_(region.view(s_p, plan.batch, h1 - h0, plan.head_dim).transpose(0, 1))
 
 
 def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedState, ctx, *,
