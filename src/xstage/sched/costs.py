@@ -89,8 +89,9 @@ class TaskCosts:
 
     def calibrated_on(self, shapes) -> TaskCosts:
         """These costs as if only `shapes` had been traced: their table rows, the tile model refitted on
-        them, `fetch_ns` from their runs' gaps where the provenance lists them per run, and no per-kind
-        fits (those were fitted over every traced shape). For planner evaluations on held-out shapes."""
+        them, `fetch_ns` from their runs' gaps where the provenance lists them per run, their order effect,
+        and no per-kind fits (those were fitted over every traced shape). For planner evaluations on
+        held-out shapes."""
         wanted = [str(MoeShape.parse(s, "shapes")) for s in shapes]
         if not wanted:
             raise InputError("shapes=[]: give at least one calibration shape")
