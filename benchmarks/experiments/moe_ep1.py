@@ -89,6 +89,7 @@ def ep1_sweep(shapes=None, tokens=(4096, 16384), blocks=(DEFAULT_BLOCK,), schedu
             scale = float(ref.abs().max()) or 1.0
             for spec, schedule in todo:
                 try:
+                    # a fresh buffer per row: a launch that failed leaves no armed counters to the next
                     _with_block(pb, parse_block(spec, H))
                     k = launch_main(pb.x, pb.w1t, pb.w2, pb.buf, plan(pb.idx, pb.buf, schedule))  # compiles
                     launch_reduce(pb.idx, pb.w, torch.empty_like(pb.x), pb.buf)  # re-arms the counters
