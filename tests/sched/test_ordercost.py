@@ -130,15 +130,15 @@ def test_calibration_traces_each_schedule_and_keeps_their_mean_tile_ratios(monke
     scale = {"expert_wave": 1.0, "interleaved": 1.5, "lag:2": 0.8}
     traced = []
 
-    def fake_orders(shape, tokens, spec, reps, seed=0, dtype="bf16", schedules=("expert_wave",)):
-        traced.append(list(schedules))
+    def fake_trace(shape, tokens, spec, reps, seed=0, dtype="bf16", schedule="expert_wave"):
+        traced.append(schedule)
         cfg = MoeConfig(hidden=1152, intermediate=4608, num_experts=8, topk=2, tokens_per_rank=tokens, ep=1,
                         block_m=128, block_n1=128, block_n2=128, block_k=64)
-        return {s: (cfg, None, kinds, base * scale[s] * (1 + tokens / 1e4), 2000.0) for s in schedules}
+        return cfg, None, kinds, base * scale[schedule] * (1 + tokens / 1e4), 2000.0
 
-    monkeypatch.setattr(calibrate, "trace_orders", fake_orders)
+    monkeypatch.setattr(calibrate, "trace_tasks", fake_trace)
     costs, _ = calibrate.calibrate_moe([SMALL], tokens=[1024, 4096], schedules=("expert_wave", "interleaved", "lag:2"))
-    assert traced == [["expert_wave", "interleaved", "lag:2"]] * 2  # one problem per run, every order on it
+    assert traced.count("interleaved") == 2 and traced.count("lag:2") == 2
     assert costs.order.ratios["interleaved"][SMALL]["linear1"] == [(256.0, pytest.approx(1.5)),
                                                                    (1024.0, pytest.approx(1.5))]
     assert costs.order.factor("lag:2", SMALL, "linear2", 512.0) == pytest.approx(0.8)

@@ -46,13 +46,6 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     """Per task of one EP=1 run in `schedule`'s order: kind and median traced duration (ns) over `reps`
     runs, and the median gap between consecutive tasks of a CTA (`task_gaps`) over all runs. `dtype`
     "fp8": the FP8 buffer (its default tiles unless `block_spec` says otherwise)."""
-    return trace_orders(shape, tokens, block_spec, reps, seed, dtype, (schedule,))[schedule]
-
-
-def trace_orders(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0,
-                 dtype: str = "bf16", schedules=(BASELINE,)) -> dict:
-    """`trace_tasks` of each of `schedules`, one after another on one problem (its weights and routing
-    are built once): schedule -> (MoeConfig, block config, kinds, durations, gap)."""
     import torch
 
 
@@ -61,29 +54,27 @@ def trace_orders(shape: str, tokens: int, block_spec: str | None = None, reps: i
     fp8 = dtype == "fp8"
     cfg = parse_block(block_spec, MoeShape.parse(shape).hidden, fp8=fp8)
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed, dtype=dtype)
+    p = plan(pb.idx, pb.buf, schedule)
+    trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
+    runs, gaps = [], []
+    for _ in range(reps + 1):  # the first run compiles and warms up
+        trace.zero_()
+        launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p, trace=trace)
+        torch.cuda.synchronize()
+        pb.buf.check()
+        t = trace.cpu().numpy()
+        runs.append(t[:, 1] - t[:, 0])
+        gaps.append(task_gaps(t))
+    dur = np.median(np.stack(runs[1:]), axis=0).astype(float)
+    gap_ns = float(np.median(np.concatenate(gaps[1:])))
+    table = p.schedule.global_order()  # trace row g is the task at position g of the global order
+    kinds = table[:, 0]
     H, I, E, K = MoeShape.parse(shape)
     mcfg = MoeConfig(hidden=H, intermediate=I, num_experts=E, topk=K, tokens_per_rank=tokens, ep=1,
                      block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k,
                      **(FP8_ELEM_BYTES if fp8 else {}))
-    out = {}
-    for schedule in dict.fromkeys(schedules):
-        p = plan(pb.idx, pb.buf, schedule)
-        trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
-        runs, gaps = [], []
-        for _ in range(reps + 1):  # the first run compiles and warms up
-            trace.zero_()
-            launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p, trace=trace)
-            torch.cuda.synchronize()
-            pb.buf.check()
-            t = trace.cpu().numpy()
-            runs.append(t[:, 1] - t[:, 0])
-            gaps.append(task_gaps(t))
-        dur = np.median(np.stack(runs[1:]), axis=0).astype(float)
-        gap_ns = float(np.median(np.concatenate(gaps[1:])))
-        table = p.schedule.global_order()  # trace row g is the task at position g of the global order
-        valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
-        out[schedule] = (mcfg, cfg, table[valid, 0], dur[valid], gap_ns)
-    return out
+    valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
+    return mcfg, cfg, kinds[valid], dur[valid], gap_ns
 
 
 def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
@@ -122,12 +113,12 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
     blocks = set()
     gaps: list[float] = []
     for i, (shape, t, spec) in enumerate(runs):
-        traced = trace_orders(shape, t, spec, reps, dtype=dtype, schedules=[BASELINE, *others])
-        mcfg, cfg, kinds, dur, gap_ns = traced[BASELINE]
+        mcfg, cfg, kinds, dur, gap_ns = trace_tasks(shape, t, spec, reps, dtype=dtype)
         gaps.append(gap_ns)
         blocks.add(mcfg.block)
         for schedule in [BASELINE, *others] if others else []:  # each order's mean tile time per kind
-            _, _, o_kinds, o_dur, _ = traced[schedule]
+            o_kinds, o_dur = (kinds, dur) if schedule == BASELINE else \
+                trace_tasks(shape, t, spec, reps, dtype=dtype, schedule=schedule)[2:4]
             for k in (DISPATCH, LINEAR1, LINEAR2):
                 sel = o_dur[(o_kinds == k) & (o_dur > 0)]
                 if len(sel):
