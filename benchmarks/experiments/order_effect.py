@@ -47,14 +47,13 @@ def mean_rows(ep1: list[dict]) -> list[dict]:
     return out
 
 
-def ep1_time_ns(costs: TaskCosts, shape: str, tokens: int, block: str, schedule: str) -> float:
-    """The simulated EP=1 kernel (no remote stores) as `xstage plan validate` builds it."""
-    h, i, e, k = MoeShape.parse(shape)
+def ep1_time_ns(costs: TaskCosts, shape: str, tokens: int, block: str, schedule: str, path) -> float:
+    """The simulated EP=1 kernel as `xstage plan validate` builds it; it stores nothing remotely, so
+    `path` (the store path's parameters the simulator asks for) does not change the time."""
     bm, bn1, bn2, bk = (int(v) for v in block.split(":")[:4])
-    cfg = MoeConfig(hidden=h, intermediate=i, num_experts=e, topk=k, tokens_per_rank=tokens, ep=1,
-                    block_m=bm, block_n1=bn1, block_n2=min(bn2, h), block_k=bk)
-    work = moe_work(cfg, schedule, costs, 132)
-    return simulate_kernel(work, {"remote": remote_path(load_default_profile("host").params)}).time_ns
+    cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=1, block_m=bm, block_n1=bn1,
+                          block_n2=min(bn2, MoeShape.parse(shape).hidden), block_k=bk)
+    return simulate_kernel(moe_work(cfg, schedule, costs, 132), {"remote": path}).time_ns
 
 
 def main() -> None:
@@ -104,15 +103,17 @@ def main() -> None:
         base_costs = load_default_costs("moe").calibrated_on(MODEL_SHAPES)
         with_costs = dataclasses.replace(base_costs, order=calib)
         without_costs = dataclasses.replace(base_costs, order=None)
+        path = remote_path(load_default_profile("host").params)
         kern = []
         for r in ep1:
             t = int(r["tokens"])
             kern.append({"shape": r["shape"], "tokens": t, "schedule": r["schedule"],
                          "role": "calibration" if r["shape"] in MODEL_SHAPES else "report",
                          "measured_ns": round(float(r["fused_us"]) * 1e3),
-                         "predicted_ns": round(ep1_time_ns(with_costs, r["shape"], t, r["block"], r["schedule"])),
+                         "predicted_ns": round(ep1_time_ns(with_costs, r["shape"], t, r["block"], r["schedule"],
+                                                           path)),
                          "predicted_without_ns": round(ep1_time_ns(without_costs, r["shape"], t, r["block"],
-                                                                   r["schedule"])),
+                                                                   r["schedule"], path)),
                          "git_commit": commit})
         write_csv_atomic(out / "ep1-kernels.csv", kern, list(kern[0]))
         table = []
