@@ -26,12 +26,13 @@ from pathlib import Path
 from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.moe.problem import MoeShape
+from xstage.moe.schedule import KIND_NAMES
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
 from xstage.sched.calibrate import MODEL_SHAPES, REPORT_SHAPES
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
-from xstage.sched.ordercost import KINDS, order_effect_from_means
+from xstage.sched.ordercost import order_effect_from_means
 from xstage.sched.simulate import simulate_kernel
 
 
@@ -40,7 +41,7 @@ def mean_rows(ep1: list[dict]) -> list[dict]:
     out = []
     for r in ep1:
         _, _, experts, topk = MoeShape.parse(r["shape"])
-        for kind in KINDS:
+        for kind in KIND_NAMES:
             out.append({"shape": r["shape"], "tokens": int(r["tokens"]), "schedule": r["schedule"], "kind": kind,
                         "rows_per_expert": int(r["tokens"]) * topk / experts,
                         "mean_ns": float(r[f"{kind}_mean_us"]) * 1e3})
@@ -90,7 +91,7 @@ def main() -> None:
              "median |predicted / measured - 1|"]
     table = []
     for shape in REPORT_SHAPES:
-        for kind in KINDS:
+        for kind in KIND_NAMES:
             sel = [r for r in ratio_rows if r["shape"] == shape and r["kind"] == kind]
             err = [abs(r["predicted_ratio"] / r["measured_ratio"] - 1) for r in sel]
             none = [abs(1 / r["measured_ratio"] - 1) for r in sel]

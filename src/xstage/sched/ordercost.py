@@ -40,9 +40,9 @@ import numpy as np
 
 from xstage.errors import InputError
 from xstage.moe.problem import MoeShape
+from xstage.moe.schedule import KIND_NAMES
 
 BASELINE = "expert_wave"  # the order every tile trace runs in
-KINDS = ("dispatch", "linear1", "linear2")
 
 
 def weight_bytes(shape: str, elem_bytes: int = 2) -> tuple[float, float]:
@@ -75,8 +75,8 @@ class OrderEffect:
                 for shape, kinds in shapes.items():
                     key = str(MoeShape.parse(shape))
                     for kind, pts in kinds.items():
-                        if kind not in KINDS:
-                            raise InputError(f"kind {kind!r}: expected one of {', '.join(KINDS)}")
+                        if kind not in KIND_NAMES:
+                            raise InputError(f"kind {kind!r}: expected one of {', '.join(KIND_NAMES)}")
                         pts = sorted((float(r), float(x)) for r, x in pts)
                         if not pts or any(not (r > 0 and x > 0 and math.isfinite(r) and math.isfinite(x))
                                           for r, x in pts):
