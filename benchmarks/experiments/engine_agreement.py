@@ -28,8 +28,7 @@ from xstage.model.predict import DEFAULT_CLASSES, split_classes
 from xstage.moe.pacing import resolve_pacing
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.costs import load_default_costs
-from xstage.sched.moe import moe_work, remote_path
-from xstage.sched.simulate import simulate_kernel
+from xstage.sched.moe import moe_work, simulate_remote
 from xstage.sched.validate import _config, fused_rows, split_variant
 
 ENGINES = ("reference", "fast")
@@ -62,11 +61,11 @@ def validation_items(params, csv_path, every: int):
         cfg = _config(r)
         schedule, pace = split_variant(str(r["variant"]).strip(), "auto")
         work = moe_work(cfg, schedule, costs, int(r["ctas"]))
-        path = remote_path(params, resolve_pacing(pace, "host", cfg.ep))
+        pacing = resolve_pacing(pace, "host", cfg.ep)
         got, secs = {}, {}
         for engine in ENGINES:
             t = time.perf_counter()
-            got[engine] = simulate_kernel(work, {"remote": path}, engine=engine)
+            got[engine] = simulate_remote(work, params, pacing, engine=engine)
             secs[engine] = time.perf_counter() - t
         ref, fast = got["reference"], got["fast"]
         names = sorted(ref.task_end_ns)

@@ -28,9 +28,8 @@ from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
 from xstage.sched.calibrate import REPORT_SHAPES
 from xstage.sched.costs import load_default_costs
-from xstage.sched.moe import moe_work, remote_path
+from xstage.sched.moe import moe_work, simulate_remote
 from xstage.sched.plan import moe_path_params
-from xstage.sched.simulate import simulate_kernel
 from xstage.sched.validate import _config
 
 RUN_B = Path(__file__).resolve().parents[1] / "results" / "h200-moe-ab" / "run-b" / "moe.csv"
@@ -93,10 +92,7 @@ def main(argv=None) -> int:
         bursts.update({t.name: sum(t.stores.values()) for t in work.queue})
         pred = {}
         for pace in ("default", "off"):
-            res = simulate_kernel(work, {"remote": remote_path(path, resolve_pacing(pace, "host", ep),
-                                                               term.unpaced_drain)},
-                                  interference={"remote": term})
-            pred[pace] = res
+            pred[pace] = simulate_remote(work, path, resolve_pacing(pace, "host", ep), term)
         storing, active, crowded = fabric_share(pred["off"], bursts, term.window_bytes, term.onset_bytes)
         t_paced, t_off = float(paced_row["time_ns"]), float(r["time_ns"])
         out.append(dict(shape=r["shape"], tokens=cfg.tokens_per_rank, ep=ep, schedule=args.schedule,

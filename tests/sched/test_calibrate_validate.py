@@ -60,7 +60,8 @@ def test_validation_predicts_paced_variants_with_the_pacing_bucket():
     rows = [_row(cfg, "lag:1@off", 1e6), _row(cfg, f"lag:1@{spec_of(slow)}", 1e6)]
     out, _ = validate_moe(rows, SLOW_PATH, COSTS, candidates=("lag:1",))
     unpaced, paced = (o["predicted_ns"] for o in out)
-    want = simulate_kernel(moe_work(cfg, "lag:1", COSTS, 8), {"remote": remote_path(SLOW_PATH, slow)}).time_ns
+    want = simulate_kernel(moe_work(cfg, "lag:1", COSTS, 8), {"remote": remote_path(SLOW_PATH)},
+                           pacers={"remote": slow}).time_ns
     assert paced == pytest.approx(want) and paced > unpaced * 1.2
     # A variant without a suffix ran with the default of its commit: `off` for results from before pacing.
     bare = validate_moe([_row(cfg, "lag:1", 1e6)], SLOW_PATH, COSTS, candidates=("lag:1",), default_pacing="off")[0]

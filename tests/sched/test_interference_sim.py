@@ -143,18 +143,18 @@ def test_small_bursts_count_their_own_bytes_not_the_window():
     assert res.task_end_ns["r"] == pytest.approx(10_000.0 * (1 + 0.25 * 6 * 1.0), rel=1e-6)
 
 
-def test_capacity_below_onset_means_no_slowdown():
-    paced = StorePacing(rate=20e9, budget=256 * 1024).path_params(PATH)
-    assert paced.capacity < TERM.onset_bytes <= 4 * WINDOW
+def test_a_pacer_keeps_the_fabric_below_onset_and_the_readers_at_speed():
+    pacing = StorePacing(rate=20e9, budget=256 * 1024)  # bursts leave one at a time at the link's drain
+    assert 2 * WINDOW < TERM.onset_bytes <= 4 * WINDOW
     work = storers_and_readers(4, 3, READERS)
-    res = simulate_kernel(work, {"host": paced}, interference={"host": TERM})
+    res = simulate_kernel(work, {"host": PATH}, interference={"host": TERM}, pacers={"host": pacing})
     assert min(storer_ends(res, 4, 3)) > 100_000.0
     for tasks in READERS:
         total = 0.0
         for name, c, _ in tasks:
             total += c
             assert res.task_end_ns[name] == pytest.approx(total, rel=1e-12), name
-    # The same work on the unpaced path is slowed: the cap, not the work, keeps it at speed.
+    # The same work unpaced is slowed: the pacer, not the work, keeps the readers at speed.
     unpaced = simulate_kernel(work, {"host": PATH}, interference={"host": TERM})
     assert unpaced.task_end_ns["r.full"] == pytest.approx(40_000.0, rel=1e-6)
 

@@ -130,18 +130,19 @@ def test_auto_pacing_pick_is_the_fastest_schedule_and_pacing():
         assert pick_pacing_for_buffer(buf, 512, 8, schedule) == want
 
 
-def test_paced_path_is_a_leaky_bucket_of_the_pacing_budget():
+def test_a_paced_kernel_waits_for_its_pacer_ahead_of_the_link():
     from xstage.comm.pacing import StorePacing
-    from xstage.sched.moe import remote_path
+    from xstage.sched.moe import remote_path, simulate_remote
 
-    pacing = StorePacing(rate=4e9, budget=256 * 1024)  # slower than SLOW_PATH's 8 GB/s drain
-    p = remote_path(SLOW_PATH, pacing)
-    assert p.drain == 4e9 and p.capacity == 256 * 1024
+    pacing = StorePacing(rate=1e9, budget=64 * 1024)  # far below SLOW_PATH's 8 GB/s drain: it bounds the kernel
+    assert remote_path(SLOW_PATH, pacing) == remote_path(SLOW_PATH)  # the pacer is not part of the link
     work = moe_work(SMALL, "lag:1", COSTS, 4)
-    unpaced = simulate_kernel(work, {"remote": remote_path(SLOW_PATH)}).time_ns
-    assert simulate_kernel(work, {"remote": p}).time_ns > unpaced
+    unpaced = simulate_remote(work, SLOW_PATH).time_ns
+    paced = simulate_remote(work, SLOW_PATH, pacing).time_ns
+    remote = sum(sum(t.stores.values()) for t in work.queue)
+    assert paced > unpaced and paced >= (remote - pacing.budget) / pacing.rate * 1e9  # the pace bounds it
     fast = StorePacing(rate=1e12, budget=64 << 20)  # a pace the path cannot reach changes nothing
-    assert remote_path(SLOW_PATH, fast) == remote_path(SLOW_PATH)
+    assert simulate_remote(work, SLOW_PATH, fast).time_ns == pytest.approx(unpaced, rel=1e-9)
 
 
 def test_cli_plan_moe_takes_the_pacing(capsys):

@@ -97,3 +97,59 @@ def test_shared_queue_waits_for_dependencies_taken_earlier():
     assert len(waits) == 1 and waits[0].cta == 1 and waits[0].duration_ns == pytest.approx(5.0)
     with pytest.raises(InputError, match="unique"):
         KernelWork(ctas=[[Task("a", 1.0)]], queue=[Task("a", 1.0)])
+
+
+def _claims(now_and_bytes, rate, budget):
+    """The kernel's pacer (`xstage.comm.pacing.pace_stores`) by hand: one virtual clock raised to now,
+    each claim adds bytes / rate and waits until the clock is at most budget / rate ahead of now."""
+    clock, out = 0.0, []
+    for now, b in now_and_bytes:
+        clock = max(clock, now) + b / rate * 1e9
+        out.append(max(now, clock - budget / rate * 1e9))
+    return out
+
+
+def test_paced_bursts_leave_in_the_order_they_were_claimed():
+    """Four CTAs finish their tiles together and store B each at a pace far below the link's drain:
+    they leave one claim apart (first come, first served), as the kernel's virtual clock releases them,
+    and their next tasks start then; a fluid bucket would release them all at the end."""
+    b, rate, budget = 64 * 1024, 2e9, 32 * 1024
+    fast_link = HOST.replace(drain=1e12, r0=1e12, capacity=math.inf, c_sm=math.inf, t0=0.0, latency=0.0)
+    pacing = type("Pacing", (), {"rate": rate, "budget": budget})()
+    ctas = [[Task(f"t{i}", 1000.0, stores={1: b}), Task(f"n{i}", 500.0)] for i in range(4)]
+    res = simulate_kernel(KernelWork(ctas=ctas, dest_path={1: "host"}), {"host": fast_link},
+                          pacers={"host": pacing})
+    starts = _claims([(1000.0, b)] * 4, rate, budget)
+    issue = b / 1e12 * 1e9
+    # Equal finish times: the CTAs claim in index order (the simulator's tie order).
+    for i, start in enumerate(starts):
+        assert res.task_end_ns[f"t{i}"] == pytest.approx(start + issue, rel=1e-9)
+        assert res.task_end_ns[f"n{i}"] == pytest.approx(start + issue + 500.0, rel=1e-9)
+    assert starts[1] - starts[0] == pytest.approx(b / rate * 1e9)  # one claim apart
+    stall = sum(s.duration_ns for s in res.segments if s.kind == "stall")
+    assert stall == pytest.approx(sum(s - 1000.0 for s in starts), rel=1e-6)
+    # Without the pacer the same link takes the bursts at once.
+    free = simulate_kernel(KernelWork(ctas=[[Task(f"t{i}", 1000.0, stores={1: b})] for i in range(4)],
+                                      dest_path={1: "host"}), {"host": fast_link})
+    assert free.time_ns == pytest.approx(1000.0 + issue, rel=1e-9)
+
+
+def test_paced_claims_earn_no_credit_while_the_link_is_idle():
+    """A burst above the budget waits for its excess; a claim after a long idle time starts at once (the
+    clock is raised to now, so idling earns no credit); each then issues as the link lets it."""
+    rate, budget, big, small = 1e9, 64 * 1024, 256 * 1024, 64 * 1024
+    pacing = type("Pacing", (), {"rate": rate, "budget": budget})()
+    tasks = [Task("a", 0.0, stores={1: big}), Task("b", 1e6, stores={1: small})]
+    res = simulate_kernel(KernelWork(ctas=[tasks], dest_path={1: "host"}), {"host": HOST}, pacers={"host": pacing})
+    start_a = (big - budget) / rate * 1e9
+    end_a = start_a + closed_form.issue_time(HOST, big)
+    assert res.task_end_ns["a"] == pytest.approx(end_a, rel=1e-6)
+    assert res.task_end_ns["b"] == pytest.approx(end_a + 1e6 + closed_form.issue_time(HOST, small), rel=1e-6)
+
+
+@pytest.mark.parametrize("pacing", [object(), type("P", (), {"rate": 0.0, "budget": 1.0})(),
+                                    type("P", (), {"rate": 1e9, "budget": -1.0})()])
+def test_a_malformed_pacer_is_a_clear_error(pacing):
+    work = KernelWork(ctas=[[Task("t", 1.0, stores={1: 4096})]], dest_path={1: "host"})
+    with pytest.raises(InputError, match=r"pacers\['host'\]"):
+        simulate_kernel(work, {"host": HOST}, pacers={"host": pacing})

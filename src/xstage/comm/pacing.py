@@ -11,9 +11,9 @@ How: one int64 virtual clock per kernel buffer (`%globaltimer` ns) is the time a
 claimed so far will have drained at `rate`. A CTA about to store `n` bytes raises the clock to at
 least now (an idle link earns no credit), claims `n / rate` of it with one atomic add, and waits
 until its claim ends at most `budget / rate` ahead of now, i.e. until at most `budget` bytes would
-be outstanding with its own. This is a token bucket of `budget` bytes refilled at `rate`, which is
-also what the Burst-Gap simulator does with `drain = rate, capacity = budget`
-(`StorePacing.path_params`), so the planner predicts a paced kernel with the same model.
+be outstanding with its own. This is a token bucket of `budget` bytes refilled at `rate` that serves
+claims in the order they are made, which the planner's kernel simulator plays as such
+(`xstage.sched.simulate.simulate_kernel(pacers=...)`) ahead of the link.
 
 Without a timer (the CPU interpreter) the clock only accumulates the claims and nobody waits: the
 outputs do not depend on pacing, and tests can read the clock to check the claimed bytes.
@@ -56,10 +56,6 @@ class StorePacing:
     def kernel_args(self) -> tuple[int, int]:
         """(femtoseconds per byte, budget in ns): the integers `pace_stores` takes."""
         return round(FS_PER_S / self.rate), round(self.budget / self.rate * 1e9)
-
-    def path_params(self, params):
-        """The path as a paced kernel meets it: drained at most at `rate`, at most `budget` outstanding."""
-        return params.replace(drain=min(params.drain, self.rate), capacity=min(params.capacity, self.budget))
 
 
 # The pacing measured to pay on the H200 host link (`benchmarks/results/h200-moe-pacing/`: 0.9 x drain

@@ -22,15 +22,18 @@ import numpy as np
 
 from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
+from xstage.model.interference import Interference
 from xstage.model.params import PathParams
 from xstage.moe.buffer import BlockConfig, check_block_size
 from xstage.moe.problem import MoeShape, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
+from xstage.sched.simulate import SimResult, simulate_kernel
 from xstage.sched.tilecost import tile_work
 from xstage.sched.work import KernelWork, Task, require_positive_ints
 
 REMOTE = 1  # destination id of "other ranks" in MoE work; the local rank (0) has no store path
+REMOTE_PATH = "remote"  # the store path name of those destinations
 
 _BLOCK = BlockConfig()  # the kernel's block defaults, the one place they live
 
@@ -118,8 +121,8 @@ HBM_BYTES_PER_NS_PER_SM = 4.56e12 / 132 / 1e9
 
 def remote_path(params: PathParams, pacing: StorePacing | None = None, unpaced_drain: float = 0.0) -> PathParams:
     """The store path as a persistent kernel's tasks meet it (the MoE kernel's, and the Ulysses
-    kernel's in `xstage.sched.ulysses`): without a per-SM window, and with `pacing`
-    (`xstage.comm.pacing`) a leaky bucket of the pacing budget drained at the pacing rate.
+    kernel's in `xstage.sched.ulysses`): the link without a per-SM window. A paced kernel's pacer is
+    not part of the path: `simulate_remote` plays it ahead of the link (`simulate_kernel(pacers=...)`).
 
     The probe's compute gaps are FMA chains, which run while the SM still holds up to `c_sm` of its
     burst. Every MoE task starts by loading its operands, and on the H200 host link those loads queue
@@ -134,11 +137,23 @@ def remote_path(params: PathParams, pacing: StorePacing | None = None, unpaced_d
     Unpaced, the path drains at most `unpaced_drain` (bytes per second; 0: its own drain), the rate
     the interference term measured for many CTAs' unpaced tile-sized bursts of scattered rows
     (`xstage.model.interference.Interference.unpaced_drain`). Even so, unpaced kernels whose link is
-    not saturated come out short (`benchmarks/results/unpaced-diagnosis/`)."""
+    not saturated come out short (`benchmarks/results/unpaced-diagnosis/`). Paced, the link keeps
+    its own drain (paced rows kept 46-50 GB/s in `benchmarks/results/h200-tiles-beside-tile-stores/`)."""
     p = params.replace(c_sm=min(params.c_sm, HELD_STORE_WINDOW))
-    if pacing is not None:
-        return pacing.path_params(p)
-    return p.replace(drain=min(p.drain, unpaced_drain)) if unpaced_drain > 0 else p
+    if pacing is None and unpaced_drain > 0:
+        return p.replace(drain=min(p.drain, unpaced_drain))
+    return p
+
+
+def simulate_remote(work: KernelWork, path: PathParams, pacing: StorePacing | None = None,
+                    interference: Interference | None = None, **kw) -> SimResult:
+    """`simulate_kernel` of a kernel whose stores go to its one remote path `path` (as `moe_work` and
+    `xstage.sched.ulysses` name it), paced by `pacing` (None: unpaced), with the path's interference
+    term (None: off). `kw` goes to `simulate_kernel` (`trace_backlog`, `engine`)."""
+    drain = interference.unpaced_drain if interference is not None else 0.0
+    return simulate_kernel(work, {REMOTE_PATH: remote_path(path, pacing, drain)},
+                           interference={REMOTE_PATH: interference} if interference is not None else None,
+                           pacers={REMOTE_PATH: pacing} if pacing is not None else None, **kw)
 
 
 def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -221,6 +236,6 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
         return out
 
     if cfg.dynamic:
-        return KernelWork(ctas=[[] for _ in range(num_ctas)], dest_path={REMOTE: "remote"},
+        return KernelWork(ctas=[[] for _ in range(num_ctas)], dest_path={REMOTE: REMOTE_PATH},
                           queue=tasks(table.global_order()))
-    return KernelWork(ctas=[tasks(table.cta_tasks(c)) for c in range(num_ctas)], dest_path={REMOTE: "remote"})
+    return KernelWork(ctas=[tasks(table.cta_tasks(c)) for c in range(num_ctas)], dest_path={REMOTE: REMOTE_PATH})

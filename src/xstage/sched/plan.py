@@ -30,8 +30,8 @@ from xstage.model.params import PathParams
 from xstage.moe.pacing import PACING_CANDIDATES, register_pacing_chooser, resolve_pacing
 from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
-from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, remote_path
-from xstage.sched.simulate import SimResult, simulate_kernel
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, simulate_remote
+from xstage.sched.simulate import SimResult
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,6 @@ def plan_moe(
         raise InputError(f"interference: expected an Interference or None, got {type(interference).__name__}")
     configs = [cfg.with_blocks(block_m=bm) for bm in block_ms or (cfg.block_m,)]  # MoeConfig checks block_m
     paced = dict(pacings) if pacings else {spec_of(pacing): pacing}
-    terms = {"remote": interference} if interference is not None else None
-    drain = interference.unpaced_drain if interference is not None else 0.0
     rows = []
     total = len(configs) * len(candidates) * len(paced)
     done = 0
@@ -102,8 +100,7 @@ def plan_moe(
                 continue  # the kernel's row pool cannot run this order: not a candidate
             for spec, p in paced.items():
                 done += 1
-                res = simulate_kernel(work, {"remote": remote_path(path, p, drain)}, trace_backlog=True,
-                                      interference=terms)
+                res = simulate_remote(work, path, p, interference, trace_backlog=True)
                 rows.append(PlanRow(name, c.block_m, res.time_ns, res.breakdown(), res, pacing=spec,
                                     rank_ns=rank_ns(res.time_ns, p, interference)))
                 if progress:

@@ -13,6 +13,14 @@ progress runs on a clock of rate 1 / (1 + stretch), the stretch set by the CTAs 
 the fabric. The fabric's bursts change only when a burst starts or ends, so these clocks are
 piecewise linear between the simulation's own events, and tasks of one memory share keep one clock.
 
+With `pacers` (per path, a store pacing with `rate` in bytes per second and `budget` in bytes), a
+task's burst first waits for the kernel's pacer (`xstage.comm.pacing.pace_stores`): one virtual clock
+per path, raised to now, claims the burst's `bytes / rate`, and the CTA waits until its claim ends at
+most `budget / rate` ahead of now. Claims are served in the order they are made, so of many CTAs that
+finish their tiles together the first leaves after one claim and the last after all of them; a
+fluid path drained at the pace would share its drain among them and release all of them at the end.
+The wait counts as stall; the burst then goes through the path's simulator (the link itself).
+
 The result gives the predicted kernel time (last CTA done), per-CTA timelines (compute, issue,
 stall, wait segments) and the breakdown summed over CTAs. `issue` is what the stores would cost on
 an empty path (backpressure-free); `stall` is the rest of the measured-by-model issue time.
@@ -115,14 +123,43 @@ class _Cta:
         return self.tasks[self.pos] if self.pos < len(self.tasks) else None
 
 
+class _Pacer:
+    """The kernel's store pacer on one path: a virtual clock (ns) at which every claimed byte will have
+    left at `rate`; a claim may end at most `budget` bytes' worth of time ahead of now."""
+
+    __slots__ = ("ns_per_byte", "budget_ns", "clock")
+
+    def __init__(self, rate: float, budget: float):
+        self.ns_per_byte = 1e9 / rate
+        self.budget_ns = budget * self.ns_per_byte
+        self.clock = 0.0
+
+    def release(self, now: float, nbytes: float) -> float:
+        """Claim `nbytes` at `now`; the time the burst may start."""
+        self.clock = max(self.clock, now) + nbytes * self.ns_per_byte
+        return max(now, self.clock - self.budget_ns)
+
+
+def _check_pacer(name: str, p) -> _Pacer:
+    rate, budget = getattr(p, "rate", None), getattr(p, "budget", None)
+    ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (rate, budget))
+    if not ok or rate <= 0 or budget < 0:
+        raise InputError(f"pacers[{name!r}]: expected a pacing with a finite rate > 0 (B/s) and budget >= 0 (B), "
+                         f"got {p!r}")
+    return _Pacer(float(rate), float(budget))
+
+
 def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_backlog: bool = False,
-                    engine: str = "fast", interference: Mapping[str, Interference] | None = None) -> SimResult:
+                    engine: str = "fast", interference: Mapping[str, Interference] | None = None,
+                    pacers: Mapping[str, object] | None = None) -> SimResult:
     """Predict the kernel time of `work` with the store paths `paths` (path name -> parameters).
 
     `trace_backlog` records each path's backlog (bytes outstanding) at every path event. `engine`:
     the path simulator, "fast" (compiled) or "reference" (`xstage.model.simulate.path_simulator`).
     `interference` (path name -> `Interference`) slows tasks that load memory while that path is full;
-    None or a path without an entry: compute never slows.
+    None or a path without an entry: compute never slows. `pacers` (path name -> a pacing with `rate`,
+    B/s, and `budget`, B, such as `xstage.comm.pacing.StorePacing`) paces that path's bursts as the
+    kernel does (module docstring); None or a path without an entry: unpaced.
     """
     missing = [p for p in work.paths() if p not in paths]
     if missing:
@@ -130,6 +167,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     for name, term in (interference or {}).items():
         if not isinstance(term, Interference):
             raise InputError(f"interference[{name!r}]: expected an Interference, got {type(term).__name__}")
+    pacer = {name: _check_pacer(name, p) for name, p in (pacers or {}).items() if p is not None}
     n = len(work.ctas)
     sims = {name: path_simulator(paths[name], n, engine=engine) for name in work.paths()}
     ctas = [_Cta(i, tasks) for i, tasks in enumerate(work.ctas)]
@@ -200,11 +238,24 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         for other in waiting.pop(task.name, []):
             try_start(other, now)
 
+    released: list[tuple[float, int]] = []  # heap of (time, cta): paced bursts waiting for their claim
+
     def next_store(cta: _Cta, now: float) -> None:
-        """Start the CTA's next store burst (the head of `pending_stores`), or finish its task."""
+        """Claim the CTA's next store burst (the head of `pending_stores`) from its path's pacer, or
+        start it, or finish the task when none is left."""
         if not cta.pending_stores:
             finish_task(cta, now)
             return
+        path, nbytes = cta.pending_stores[0]
+        if path in pacer:
+            start = pacer[path].release(now, nbytes)
+            if start > now:
+                segments.append(Segment(cta.index, "stall", now, start, cta.task.name))
+                heapq.heappush(released, (start, cta.index))
+                return
+        start_store(cta, now)
+
+    def start_store(cta: _Cta, now: float) -> None:
         path, nbytes = cta.pending_stores[0]
         cta.issue_started = now
         sims[path].start_burst(cta.index, now, nbytes)
@@ -238,6 +289,9 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             t = clock.next_end()
             if t < t_compute:
                 t_compute, slowest = t, clock
+        paced_first = bool(released) and released[0][0] < t_compute
+        if paced_first:
+            t_compute = released[0][0]
         if single is not None:
             # One path: move it towards the next compute event, stopping at the first issue end.
             sim = sims[single]
@@ -265,6 +319,14 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
                 continue
         if math.isinf(t_compute):
             break
+        if paced_first:
+            now, i = heapq.heappop(released)
+            if clocks:
+                sync(now)
+            start_store(ctas[i], now)
+            if terms:
+                retune()
+            continue
         if slowest is None:
             now, i = heapq.heappop(compute_done)
             if clocks:

@@ -35,8 +35,7 @@ from xstage.moe.schedule import CANDIDATES, chooser
 from xstage.moe.variant import Variant
 from xstage.sched.costs import TaskCosts
 from xstage.sched.measured import BASELINES, check_moe_rows
-from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, remote_path
-from xstage.sched.simulate import simulate_kernel
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, simulate_remote
 
 
 def split_variant(variant: str, default_pacing: str = "default") -> tuple[str, str]:
@@ -71,10 +70,7 @@ def _predict_row(job) -> float:
         costs = costs["fp8" if _dtype(row) in FP8_DTYPES else "bf16"]
     schedule, pace = split_variant(str(row["variant"]).strip(), default_pacing)
     pacing = resolve_pacing(pace, str(row["path"]).strip(), cfg.ep)
-    work = moe_work(cfg, schedule, costs, int(row["ctas"]))
-    terms = {"remote": interference} if interference is not None else None
-    drain = interference.unpaced_drain if interference is not None else 0.0
-    return simulate_kernel(work, {"remote": remote_path(path, pacing, drain)}, interference=terms).time_ns
+    return simulate_remote(moe_work(cfg, schedule, costs, int(row["ctas"])), path, pacing, interference).time_ns
 
 
 def _spread(row: dict) -> float:
