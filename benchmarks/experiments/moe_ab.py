@@ -80,6 +80,9 @@ def main() -> None:
     ap.add_argument("--update", help="write the fitted unpaced_bias into this interference JSON")
     ap.add_argument("--predictions", help="reuse the predictions.csv of an earlier run at the same commit "
                     "instead of simulating (its times are rounded to 0.1 ns, so near-ties may rank differently)")
+    ap.add_argument("--tile-costs", choices=("calibration", "traced"), default="calibration",
+                    help="calibration: tile costs from MODEL_SHAPES only (the protocol); traced: every shape's "
+                    "own traces (a diagnostic: the planner for shapes calibrated with `xstage plan calibrate`)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +92,9 @@ def main() -> None:
     configs = sorted(set(a) & set(b))
     variants = sorted(set.intersection(*(set(a[c]) & set(b[c]) for c in configs)))
     params = load_default_profile("host").params
-    costs = load_default_costs("moe").calibrated_on(MODEL_SHAPES)
+    costs = load_default_costs("moe")
+    if args.tile_costs == "calibration":
+        costs = costs.calibrated_on(MODEL_SHAPES)
     term = load_default_interference("host")
 
     preds = {}
@@ -180,7 +185,7 @@ def main() -> None:
                      list(errors[0]) + ["git_commit"])
     text = (f"{len(configs)} configurations x {len(variants)} variants; commit {commit}; unpaced_bias fitted on "
             f"run A, {', '.join(MODEL_SHAPES)}: {bias['with_term']:.4f} with the term, "
-            f"{bias['without_term']:.4f} without\n\n"
+            f"{bias['without_term']:.4f} without; tile costs: {args.tile_costs}\n\n"
             + markdown_table(summary, list(summary[0]), floatfmt=".4g") + "\n\n"
             + markdown_table(errors, list(errors[0]), floatfmt=".4g"))
     (out / "scores.md").write_text(text + "\n")
