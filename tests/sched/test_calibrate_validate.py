@@ -91,8 +91,9 @@ def test_fp8_rows_are_simulated_with_one_byte_operands_and_bf16_combine_rows():
 def test_traced_tiles_are_positive_and_fit_inside_the_kernel():
     from xstage.sched.calibrate import trace_tasks
 
-    mcfg, _, kinds, dur, gap_ns = trace_tasks("H1152-I4608-E8-K2", 1024, reps=1)
+    mcfg, _, kinds, dur, gap_ns, busy = trace_tasks("H1152-I4608-E8-K2", 1024, reps=1)
     assert len(dur) == len(kinds) and (dur > 0).mean() > 0.99
+    assert 0.3 < busy <= 1.0
     assert 0 < gap_ns < np.median(dur)
     assert set(np.unique(kinds)) == {0, 1, 2}
 

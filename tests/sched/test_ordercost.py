@@ -127,21 +127,30 @@ def test_calibration_traces_each_schedule_and_keeps_their_mean_tile_ratios(monke
 
     kinds = np.array([DISPATCH, LINEAR1, LINEAR1, LINEAR2, LINEAR2, LINEAR2])
     base = np.array([10.0, 20.0, 40.0, 30.0, 30.0, 0.0])  # a task that did not run (0) is left out
-    scale = {"expert_wave": 1.0, "interleaved": 1.5, "lag:2": 0.8}
+    # interleaved and lag:2 share one L2 effect (1.5); lag:2 keeps fewer CTAs busy, so with kappa = 0.5
+    # its tiles run 1 - 0.5 x (1 - busy) as long as at full occupancy.
+    busy = {"expert_wave": 0.94, "interleaved": 0.94, "lag:2": 0.7}
+    scale = {"expert_wave": 1.0, "interleaved": 1.5, "lag:2": 1.5 * (1 - 0.5 * 0.3) / (1 - 0.5 * 0.06)}
     traced = []
 
     def fake_trace(shape, tokens, spec, reps, seed=0, dtype="bf16", schedule="expert_wave"):
         traced.append(schedule)
         cfg = MoeConfig(hidden=1152, intermediate=4608, num_experts=8, topk=2, tokens_per_rank=tokens, ep=1,
                         block_m=128, block_n1=128, block_n2=128, block_k=64)
-        return cfg, None, kinds, base * scale[schedule] * (1 + tokens / 1e4), 2000.0
+        return cfg, None, kinds, base * scale[schedule] * (1 + tokens / 1e4), 2000.0, busy[schedule]
 
     monkeypatch.setattr(calibrate, "trace_tasks", fake_trace)
     costs, _ = calibrate.calibrate_moe([SMALL], tokens=[1024, 4096], schedules=("expert_wave", "interleaved", "lag:2"))
     assert traced.count("interleaved") == 2 and traced.count("lag:2") == 2
-    assert costs.order.ratios["interleaved"][SMALL]["linear1"] == [(256.0, pytest.approx(1.5)),
-                                                                   (1024.0, pytest.approx(1.5))]
-    assert costs.order.factor("lag:2", SMALL, "linear2", 512.0) == pytest.approx(0.8)
+    assert costs.order.ratios["interleaved"][SMALL]["linear1"] == [(256.0, pytest.approx(1.5), 0.94, 0.94),
+                                                                   (1024.0, pytest.approx(1.5), 0.94, 0.94)]
+    # The occupancy term recovers kappa, and lag:2's factor is its L2 effect alone: the simulator plays
+    # its occupancy (occupancy_factor, 1 at the traced expert_wave kernels' busy share).
+    assert costs.order.idle_speedup == pytest.approx(0.5, abs=1e-3)
+    assert costs.order.reference_busy == pytest.approx(0.94)
+    assert costs.order.factor("lag:2", SMALL, "linear2", 512.0) == pytest.approx(1.5, rel=1e-3)
+    assert costs.order.occupancy_factor(0.94) == pytest.approx(1.0)
+    assert costs.order.occupancy_factor(0.7) == pytest.approx(0.85 / 0.97, rel=1e-3)
     only, _ = calibrate.calibrate_moe([SMALL], tokens=[1024])
     assert only.order is None
     with pytest.raises(InputError, match="include expert_wave"):

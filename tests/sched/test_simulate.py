@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -153,3 +154,19 @@ def test_a_malformed_pacer_is_a_clear_error(pacing):
     work = KernelWork(ctas=[[Task("t", 1.0, stores={1: 4096})]], dest_path={1: "host"})
     with pytest.raises(InputError, match=r"pacers\['host'\]"):
         simulate_kernel(work, {"host": HOST}, pacers={"host": pacing})
+
+
+def test_tasks_speed_up_while_fewer_ctas_compute():
+    """Two CTAs, occupancy factor 1 with both computing and 0.8 with one: the longer task runs its
+    first 1000 ns beside the other, then its remaining 2000 ns of full-occupancy work in 1600 ns."""
+    factors = {1.0: 1.0, 0.5: 0.8}
+    work = KernelWork(ctas=[[Task("a", 1000.0)], [Task("b", 3000.0), Task("c", 500.0, deps=("a",))]],
+                      occupancy=lambda share: factors[share])
+    res = simulate_kernel(work, {})
+    assert res.task_end_ns["a"] == pytest.approx(1000.0, rel=1e-12)
+    assert res.task_end_ns["b"] == pytest.approx(1000.0 + 2000.0 * 0.8, rel=1e-12)
+    assert res.task_end_ns["c"] == pytest.approx(2600.0 + 500.0 * 0.8, rel=1e-12)  # alone again
+    compute = {s.task: s.duration_ns for s in res.segments if s.kind == "compute"}
+    assert compute == pytest.approx({"a": 1000.0, "b": 2600.0, "c": 400.0})
+    fixed = simulate_kernel(dataclasses.replace(work, occupancy=None), {})
+    assert fixed.task_end_ns["b"] == pytest.approx(3000.0) and fixed.time_ns == pytest.approx(3500.0)

@@ -44,8 +44,9 @@ def task_gaps(trace: np.ndarray) -> np.ndarray:
 def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: int = 3, seed: int = 0,
                 dtype: str = "bf16", schedule: str = BASELINE):
     """Per task of one EP=1 run in `schedule`'s order: kind and median traced duration (ns) over `reps`
-    runs, and the median gap between consecutive tasks of a CTA (`task_gaps`) over all runs. `dtype`
-    "fp8": the FP8 buffer (its default tiles unless `block_spec` says otherwise)."""
+    runs, the median gap between consecutive tasks of a CTA (`task_gaps`) over all runs, and the busy
+    share (CTA time inside tasks over CTAs x the traced span; median over runs). `dtype` "fp8": the FP8
+    buffer (its default tiles unless `block_spec` says otherwise)."""
     import torch
 
 
@@ -56,7 +57,7 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed, dtype=dtype)
     p = plan(pb.idx, pb.buf, schedule)
     trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
-    runs, gaps = [], []
+    runs, gaps, busy = [], [], []
     for _ in range(reps + 1):  # the first run compiles and warms up
         trace.zero_()
         launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p, trace=trace)
@@ -65,6 +66,8 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
         t = trace.cpu().numpy()
         runs.append(t[:, 1] - t[:, 0])
         gaps.append(task_gaps(t))
+        ran = t[:, 0] > 0
+        busy.append(float(runs[-1][ran].sum()) / (p.schedule.num_ctas * float(t[ran, 1].max() - t[ran, 0].min())))
     dur = np.median(np.stack(runs[1:]), axis=0).astype(float)
     gap_ns = float(np.median(np.concatenate(gaps[1:])))
     table = p.schedule.global_order()  # trace row g is the task at position g of the global order
@@ -74,7 +77,7 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
                      block_m=cfg.block_m, block_n1=cfg.block_n1, block_n2=cfg.block_n2, block_k=cfg.block_k,
                      **(FP8_ELEM_BYTES if fp8 else {}))
     valid = table[:, 1] < len(p.layout.unit_info)  # every row is a real task of a unit
-    return mcfg, cfg, kinds[valid], dur[valid], gap_ns
+    return mcfg, cfg, kinds[valid], dur[valid], gap_ns, float(np.median(busy[1:]))
 
 
 def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
@@ -113,17 +116,20 @@ def calibrate_moe(shapes=CALIBRATION_SHAPES, tokens=4096, block_specs=(None,), r
     blocks = set()
     gaps: list[float] = []
     for i, (shape, t, spec) in enumerate(runs):
-        mcfg, cfg, kinds, dur, gap_ns = trace_tasks(shape, t, spec, reps, dtype=dtype)
+        mcfg, cfg, kinds, dur, gap_ns, busy = trace_tasks(shape, t, spec, reps, dtype=dtype)
         gaps.append(gap_ns)
         blocks.add(mcfg.block)
         for schedule in [BASELINE, *others] if others else []:  # each order's mean tile time per kind
-            o_kinds, o_dur = (kinds, dur) if schedule == BASELINE else \
-                trace_tasks(shape, t, spec, reps, dtype=dtype, schedule=schedule)[2:4]
+            if schedule == BASELINE:
+                o_kinds, o_dur, o_busy = kinds, dur, busy
+            else:
+                _, _, o_kinds, o_dur, _, o_busy = trace_tasks(shape, t, spec, reps, dtype=dtype, schedule=schedule)
             for k in (DISPATCH, LINEAR1, LINEAR2):
                 sel = o_dur[(o_kinds == k) & (o_dur > 0)]
                 if len(sel):
                     means.append({"shape": shape, "rows_per_expert": t * mcfg.topk / mcfg.num_experts,
-                                  "schedule": schedule, "kind": KIND_NAMES[k], "mean_ns": float(np.mean(sel))})
+                                  "schedule": schedule, "kind": KIND_NAMES[k], "mean_ns": float(np.mean(sel)),
+                                  "busy": o_busy})
         for k in (DISPATCH, LINEAR1, LINEAR2):
             sel = dur[kinds == k]
             sel = sel[sel > 0]

@@ -235,7 +235,10 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
                             mem_share=kind_share[kind]))
         return out
 
+    # Tiles run faster while fewer CTAs compute beside them (fitted with the order effect).
+    occupancy = costs.order.occupancy_factor if costs.order is not None and costs.order.has_occupancy else None
     if cfg.dynamic:
         return KernelWork(ctas=[[] for _ in range(num_ctas)], dest_path={REMOTE: REMOTE_PATH},
-                          queue=tasks(table.global_order()))
-    return KernelWork(ctas=[tasks(table.cta_tasks(c)) for c in range(num_ctas)], dest_path={REMOTE: REMOTE_PATH})
+                          queue=tasks(table.global_order()), occupancy=occupancy)
+    return KernelWork(ctas=[tasks(table.cta_tasks(c)) for c in range(num_ctas)], dest_path={REMOTE: REMOTE_PATH},
+                      occupancy=occupancy)

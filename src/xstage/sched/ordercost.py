@@ -37,6 +37,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import optimize
 
 from xstage.errors import InputError
 from xstage.moe.problem import MoeShape
@@ -63,10 +64,21 @@ def _lag(schedule: str) -> int | None:
 @dataclass(frozen=True)
 class OrderEffect:
     """Measured tile-time ratios per schedule, shape and kind: `{schedule: {shape: {kind: [(rows per
-    expert, ratio), ...]}}}`, ratios over `expert_wave` (module docstring)."""
+    expert, ratio), ...]}}}`, ratios over `expert_wave` (module docstring), and the occupancy term
+    (`idle_speedup`, `reference_busy`; 0 and 1: off)."""
 
     ratios: dict
     provenance: dict = field(default_factory=dict, compare=False)
+    idle_speedup: float = 0.0  # kappa: a tile's time falls by kappa x the share of CTAs not computing
+    reference_busy: float = 1.0  # the busy share of the traced `expert_wave` kernels (the tile costs')
+
+    def occupancy_factor(self, busy: float) -> float:
+        """A task's time with a share `busy` of the CTAs computing, over its traced time (module docstring)."""
+        return (1.0 - self.idle_speedup * (1.0 - busy)) / (1.0 - self.idle_speedup * (1.0 - self.reference_busy))
+
+    @property
+    def has_occupancy(self) -> bool:
+        return self.idle_speedup > 0
 
     def __post_init__(self):
         clean: dict = {}
@@ -77,15 +89,20 @@ class OrderEffect:
                     for kind, pts in kinds.items():
                         if kind not in KIND_NAMES:
                             raise InputError(f"kind {kind!r}: expected one of {', '.join(KIND_NAMES)}")
-                        pts = sorted((float(r), float(x)) for r, x in pts)
-                        if not pts or any(not (r > 0 and x > 0 and math.isfinite(r) and math.isfinite(x))
-                                          for r, x in pts):
-                            raise InputError(f"{schedule} {shape} {kind}: ratios need rows per expert > 0 and "
-                                             f"ratio > 0, got {pts!r}")
+                        pts = sorted(tuple(float(v) for v in p) for p in pts)
+                        if not pts or any(len(p) not in (2, 4) or not all(v > 0 and math.isfinite(v) for v in p)
+                                          or any(b > 1 for b in p[2:]) for p in pts):
+                            raise InputError(f"{schedule} {shape} {kind}: ratios need [rows per expert > 0, "
+                                             f"ratio > 0] or with [busy, baseline busy] in (0, 1], got {pts!r}")
                         clean.setdefault(str(schedule), {}).setdefault(key, {})[kind] = pts
         except (AttributeError, TypeError, ValueError) as exc:
             raise InputError(f"order effect: malformed ratios ({type(exc).__name__}: {exc})") from None
         object.__setattr__(self, "ratios", clean)
+        ok = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                 for v in (self.idle_speedup, self.reference_busy))
+        if not ok or not 0 <= self.idle_speedup < 1 or not 0 < self.reference_busy <= 1:
+            raise InputError(f"order effect: idle_speedup={self.idle_speedup!r} must be in [0, 1) and "
+                             f"reference_busy={self.reference_busy!r} in (0, 1]")
 
     @property
     def shapes(self) -> list[str]:
@@ -103,10 +120,15 @@ class OrderEffect:
         lags = [(abs(math.log(_lag(s) / k)), _lag(s), s) for s in self.ratios if _lag(s)] if k else []
         return min(lags)[2] if lags else None
 
-    @staticmethod
-    def _interp(pts, rows_per_expert: float) -> float:
+    def _busy_free(self, p) -> float:
+        """A point's ratio without the occupancy difference between its run and the baseline's."""
+        if len(p) < 4 or not self.has_occupancy:
+            return p[1]
+        return p[1] * (1.0 - self.idle_speedup * (1.0 - p[3])) / (1.0 - self.idle_speedup * (1.0 - p[2]))
+
+    def _interp(self, pts, rows_per_expert: float) -> float:
         xs = np.log([p[0] for p in pts])
-        return float(np.interp(math.log(max(rows_per_expert, 1e-9)), xs, [p[1] for p in pts]))
+        return float(np.interp(math.log(max(rows_per_expert, 1e-9)), xs, [self._busy_free(p) for p in pts]))
 
     def factor(self, schedule: str | None, shape: str, kind: str, rows_per_expert: float, elem_bytes: int = 2) -> float:
         """The factor on a task's traced time under `schedule` (1 for `expert_wave` and untraced orders)."""
@@ -126,15 +148,19 @@ class OrderEffect:
         return 1.0 + w * (self._interp(per_shape[ref][kind], rows_per_expert) - 1.0)
 
     def restricted(self, shapes) -> OrderEffect | None:
-        """The effect as if only `shapes` had been traced (None where none of them was)."""
+        """The effect as if only `shapes` had been traced (None where none of them was), its occupancy
+        term refitted on their points."""
         keep = {str(MoeShape.parse(s)) for s in shapes}
         ratios = {sch: {s: k for s, k in per.items() if s in keep} for sch, per in self.ratios.items()}
         ratios = {sch: per for sch, per in ratios.items() if per}
-        return OrderEffect(ratios, {"restricted_to": sorted(keep), "from": self.provenance}) if ratios else None
+        if not ratios:
+            return None
+        return with_occupancy(OrderEffect(ratios, {"restricted_to": sorted(keep), "from": self.provenance}))
 
     def to_dict(self) -> dict:
         return {"ratios": {sch: {s: {k: [list(p) for p in pts] for k, pts in kinds.items()}
                                  for s, kinds in per.items()} for sch, per in self.ratios.items()},
+                "idle_speedup": self.idle_speedup, "reference_busy": self.reference_busy,
                 "provenance": self.provenance}
 
     @classmethod
@@ -143,19 +169,61 @@ class OrderEffect:
             raise InputError(f"{source}: expected an object with 'ratios' "
                              "{schedule: {shape: {kind: [[rows per expert, ratio], ...]}}}")
         try:
-            return cls(d["ratios"], dict(d.get("provenance", {})))
+            return cls(d["ratios"], dict(d.get("provenance", {})), float(d.get("idle_speedup", 0.0)),
+                       float(d.get("reference_busy", 1.0)))
         except InputError as exc:
             raise InputError(f"{source}: {exc}") from None
+
+
+def fit_idle_speedup(effect: OrderEffect) -> tuple[float, float]:
+    """(idle_speedup, reference_busy) from the points that carry busy shares: within one shape, kind and
+    rows per expert the interleaving orders share one L2 effect, so their ratios differ by their busy
+    shares alone: log ratio = c + log(1 - kappa (1 - busy)), least squares over kappa with one c per
+    group. reference_busy: the median busy share of the baseline runs. (0, 1): no busy shares."""
+    groups: dict = defaultdict(list)
+    base_busy = []
+    for per in effect.ratios.values():
+        for shape, kinds in per.items():
+            for kind, pts in kinds.items():
+                for p in pts:
+                    if len(p) == 4:
+                        groups[(shape, kind, p[0])].append((p[2], math.log(p[1])))
+                        base_busy.append(p[3])
+    groups = {k: v for k, v in groups.items() if len(v) > 1}
+    if not groups:
+        return 0.0, 1.0
+
+    def loss(kappa: float) -> float:
+        total = 0.0
+        for pts in groups.values():
+            res = np.array([y - math.log(1.0 - kappa * (1.0 - b)) for b, y in pts])
+            total += float(np.sum((res - res.mean()) ** 2))
+        return total
+
+    kappa = float(optimize.minimize_scalar(loss, bounds=(0.0, 0.95), method="bounded").x)
+    return round(kappa, 4), round(float(np.median(base_busy)), 4)
+
+
+def with_occupancy(effect: OrderEffect) -> OrderEffect:
+    """`effect` with its occupancy term fitted on its own points (`fit_idle_speedup`)."""
+    kappa, ref = fit_idle_speedup(effect)
+    prov = dict(effect.provenance, idle_speedup_fitted_on=effect.shapes) if kappa > 0 else effect.provenance
+    return OrderEffect(effect.ratios, prov, kappa, ref)
 
 
 def order_effect_from_means(rows, provenance: dict | None = None) -> OrderEffect | None:
     """The effect from traced mean tile times: rows with shape, rows_per_expert, schedule, kind and
     mean_ns, where each (shape, rows per expert, kind) that has a non-baseline schedule also has its
-    `expert_wave` row (the same run). None when no row has another schedule."""
+    `expert_wave` row (the same run). Rows with `busy` (the share of CTA time inside tasks in that run)
+    also fit the occupancy term (`fit_idle_speedup`). None when no row has another schedule."""
     base: dict = {}
+    busy: dict = {}
     for r in rows:
         if r["schedule"] == BASELINE:
-            base[(str(MoeShape.parse(r["shape"])), float(r["rows_per_expert"]), r["kind"])] = float(r["mean_ns"])
+            key = (str(MoeShape.parse(r["shape"])), float(r["rows_per_expert"]), r["kind"])
+            base[key] = float(r["mean_ns"])
+            if r.get("busy") not in (None, ""):
+                busy[key] = float(r["busy"])
     ratios: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if r["schedule"] == BASELINE:
@@ -164,7 +232,11 @@ def order_effect_from_means(rows, provenance: dict | None = None) -> OrderEffect
         if key not in base:
             raise InputError(f"order effect: {r['schedule']} {key[0]} at {key[1]:g} rows per expert ({key[2]}) "
                              f"has no {BASELINE} row to compare with")
-        ratios[r["schedule"]][key[0]][key[2]].append((key[1], float(r["mean_ns"]) / base[key]))
+        point = (key[1], float(r["mean_ns"]) / base[key])
+        if r.get("busy") not in (None, "") and key in busy:
+            point += (float(r["busy"]), busy[key])
+        ratios[r["schedule"]][key[0]][key[2]].append(point)
     if not ratios:
         return None
-    return OrderEffect({s: {sh: dict(k) for sh, k in per.items()} for s, per in ratios.items()}, provenance or {})
+    return with_occupancy(OrderEffect({s: {sh: dict(k) for sh, k in per.items()} for s, per in ratios.items()},
+                                      provenance or {}))

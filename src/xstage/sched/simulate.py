@@ -7,6 +7,10 @@ path-bound burst goes through that path's simulator (`xstage.model.simulate.path
 concurrent bursts fill the per-SM and shared windows together and later bursts stall. A task is
 finished when its last store has issued (sender-visible); consumers of its output may start then.
 
+With `work.occupancy`, every task computes at 1 / occupancy(share of CTAs computing) of its rate at
+full occupancy: tiles run faster while fewer SMs compute beside them (the others waiting on
+dependencies or on their stores). Tasks then run on the clocks below, which both effects set.
+
 With `interference` (`xstage.model.interference`, per path), a task that loads memory
 (`Task.mem_share` > 0) computes slower while that path's fabric holds at least the onset: its
 progress runs on a clock of rate 1 / (1 + stretch), the stretch set by the CTAs whose bursts are in
@@ -185,12 +189,16 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         for clock in clocks.values():
             clock.advance(now)
 
+    occupancy = work.occupancy
+
     def retune() -> None:
-        """Each clock's rate after the bursts in the fabric changed (call after `sync`)."""
+        """Each clock's rate after the bursts in the fabric or the computing CTAs changed (call after
+        `sync`)."""
         active = [(t, len(in_fabric[name])) for name, t in terms.items()
                   if t.active(t.occupancy(in_fabric[name].values(), paths[name].capacity))]
+        busy = occupancy(max(1, sum(len(c.heap) for c in clocks.values())) / n) if occupancy else 1.0
         for clock in clocks.values():
-            clock.sigma = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
+            clock.sigma = (1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)) * busy
 
     def trace(path: str, now: float) -> None:
         if trace_backlog:
@@ -215,14 +223,14 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         start = max([now] + [task_end[d] for d in task.deps])
         if start > cta.task_ready:
             segments.append(Segment(cta.index, "wait", cta.task_ready, start, task.name))
-        if terms and task.mem_share > 0:
+        if (terms and task.mem_share > 0) or (occupancy and task.compute_ns > 0):
+            sync(start)
             clock = clocks.get(task.mem_share)
             if clock is None:
                 clock = clocks[task.mem_share] = _LoadClock(task.mem_share, start)
-                retune()
-            clock.advance(start)
             cta.compute_started = start
             heapq.heappush(clock.heap, (clock.progress + task.compute_ns, cta.index))
+            retune()
             return
         end = start + task.compute_ns
         if task.compute_ns > 0:
@@ -342,7 +350,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             (work.dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in work.dest_path and b > 0
         ]
         next_store(cta, now)
-        if terms:
+        if terms or occupancy:
             retune()
 
     stuck = [c.task.name for c in ctas if c.task is not None]

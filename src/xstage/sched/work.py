@@ -15,7 +15,7 @@ Example (two CTAs, the second waits for the first's task):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from xstage.errors import InputError
@@ -61,12 +61,17 @@ class KernelWork:
 
     `queue` (optional) is a shared task list in a dependency-respecting order: a CTA whose own list
     is done takes the next queued task (a kernel whose CTAs fetch tasks with an atomic counter).
-    Such a kernel has empty per-CTA lists and everything in the queue."""
+    Such a kernel has empty per-CTA lists and everything in the queue. `occupancy` (optional) scales a
+    computing task's time by the share of CTAs computing at each moment."""
 
     ctas: Sequence[Sequence[Task]]
     dest_path: Mapping[int, str] = field(default_factory=dict)
     cta_sm: Sequence[int] | None = None
     queue: Sequence[Task] = ()
+    # Factor on every task's compute time given the share of CTAs computing (0 < share <= 1): tiles run
+    # faster while fewer SMs compute beside them (`xstage.sched.ordercost.OrderEffect.occupancy_factor`).
+    # None: compute times are fixed.
+    occupancy: Callable[[float], float] | None = None
 
     def __post_init__(self):
         if not self.ctas:
