@@ -16,7 +16,7 @@ import numpy as np
 
 from xstage.env import environment
 from xstage.errors import InputError
-from xstage.moe.fused import launch_main, plan
+from xstage.moe.fused import launch_main, launch_reduce, plan
 from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, check_schedule
 from xstage.sched.costs import KindCost, TaskCosts
@@ -49,7 +49,6 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     buffer (its default tiles unless `block_spec` says otherwise)."""
     import torch
 
-
     if not torch.cuda.is_available():
         raise InputError("xstage plan calibrate: needs a CUDA GPU (the tiles are timed in the kernel)")
     fp8 = dtype == "fp8"
@@ -57,10 +56,14 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed, dtype=dtype)
     p = plan(pb.idx, pb.buf, schedule)
     trace = torch.zeros(p.schedule.num_tasks, 3, dtype=torch.int64, device="cuda")
+    y = torch.empty_like(pb.x)
     runs, gaps, busy = [], [], []
     for _ in range(reps + 1):  # the first run compiles and warms up
         trace.zero_()
         launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p, trace=trace)
+        # The reduce re-arms the readiness counters: without it the next run would find every
+        # dependency met and trace no waits (nor the task overlap they cause).
+        launch_reduce(pb.idx, pb.w, y, pb.buf)
         torch.cuda.synchronize()
         pb.buf.check()
         t = trace.cpu().numpy()
