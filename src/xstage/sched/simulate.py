@@ -93,13 +93,14 @@ class _LoadClock:
     """The progress of the tasks of one memory share: runs at 1 / sigma of real time, sigma >= 1 set by
     the interference term; entries of `heap` are (progress at which the task ends, cta)."""
 
-    __slots__ = ("mem_share", "progress", "t", "sigma", "heap")
+    __slots__ = ("mem_share", "progress", "t", "sigma", "slowdown", "heap")
 
     def __init__(self, mem_share: float, now: float):
         self.mem_share = mem_share
         self.progress = 0.0
         self.t = now
         self.sigma = 1.0
+        self.slowdown = 1.0  # the interference term's part of sigma (changes only with the fabric)
         self.heap: list[tuple[float, int]] = []
 
     def advance(self, now: float) -> None:
@@ -190,15 +191,19 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             clock.advance(now)
 
     occupancy = work.occupancy
+    computing = 0  # tasks on the clocks
 
-    def retune() -> None:
-        """Each clock's rate after the bursts in the fabric or the computing CTAs changed (call after
-        `sync`)."""
-        active = [(t, len(in_fabric[name])) for name, t in terms.items()
-                  if t.active(t.occupancy(in_fabric[name].values(), paths[name].capacity))]
-        busy = occupancy(max(1, sum(len(c.heap) for c in clocks.values())) / n) if occupancy else 1.0
+    def retune(fabric: bool = True) -> None:
+        """Each clock's rate after the computing CTAs changed, and with `fabric` also the bursts in the
+        fabric (call after `sync`)."""
+        if fabric and terms:
+            active = [(t, len(in_fabric[name])) for name, t in terms.items()
+                      if t.active(t.occupancy(in_fabric[name].values(), paths[name].capacity))]
+            for clock in clocks.values():
+                clock.slowdown = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
+        busy = occupancy(max(1, computing) / n) if occupancy else 1.0
         for clock in clocks.values():
-            clock.sigma = (1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)) * busy
+            clock.sigma = clock.slowdown * busy
 
     def trace(path: str, now: float) -> None:
         if trace_backlog:
@@ -207,7 +212,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     queue, taken = list(work.queue), 0
 
     def try_start(cta: _Cta, now: float) -> None:
-        nonlocal taken
+        nonlocal taken, computing
         task = cta.task
         if task is None and taken < len(queue):
             # A free CTA takes the next task of the shared queue (the kernel's atomic fetch).
@@ -226,11 +231,13 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         if (terms and task.mem_share > 0) or (occupancy and task.compute_ns > 0):
             sync(start)
             clock = clocks.get(task.mem_share)
-            if clock is None:
+            new = clock is None
+            if new:
                 clock = clocks[task.mem_share] = _LoadClock(task.mem_share, start)
             cta.compute_started = start
             heapq.heappush(clock.heap, (clock.progress + task.compute_ns, cta.index))
-            retune()
+            computing += 1
+            retune(fabric=new)
             return
         end = start + task.compute_ns
         if task.compute_ns > 0:
@@ -343,6 +350,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             now = t_compute
             sync(now)
             _, i = heapq.heappop(slowest.heap)
+            computing -= 1
         cta = ctas[i]
         if slowest is not None and now > cta.compute_started:
             segments.append(Segment(cta.index, "compute", cta.compute_started, now, cta.task.name))
@@ -351,7 +359,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         ]
         next_store(cta, now)
         if terms or occupancy:
-            retune()
+            retune(fabric=bool(terms))
 
     stuck = [c.task.name for c in ctas if c.task is not None]
     if stuck:
