@@ -185,9 +185,10 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     terms = {name: t for name, t in (interference or {}).items() if name in sims}
     in_fabric: dict[str, dict[int, float]] = {name: {} for name in terms}  # path -> cta -> burst bytes
     clocks: dict[float, _LoadClock] = {}  # memory share -> its tasks' clock
+    clock_list: list[_LoadClock] = []  # the same clocks, iterated at every event
 
     def sync(now: float) -> None:
-        for clock in clocks.values():
+        for clock in clock_list:
             clock.advance(now)
 
     occupancy = work.occupancy
@@ -199,10 +200,10 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         if fabric and terms:
             active = [(t, len(in_fabric[name])) for name, t in terms.items()
                       if t.active(t.occupancy(in_fabric[name].values(), paths[name].capacity))]
-            for clock in clocks.values():
+            for clock in clock_list:
                 clock.slowdown = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
         busy = occupancy(max(1, computing) / n) if occupancy else 1.0
-        for clock in clocks.values():
+        for clock in clock_list:
             clock.sigma = clock.slowdown * busy
 
     def trace(path: str, now: float) -> None:
@@ -230,10 +231,12 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             segments.append(Segment(cta.index, "wait", cta.task_ready, start, task.name))
         if (terms and task.mem_share > 0) or (occupancy and task.compute_ns > 0):
             sync(start)
-            clock = clocks.get(task.mem_share)
+            share = task.mem_share if terms else 0.0  # without the term one clock serves every task
+            clock = clocks.get(share)
             new = clock is None
             if new:
-                clock = clocks[task.mem_share] = _LoadClock(task.mem_share, start)
+                clock = clocks[share] = _LoadClock(share, start)
+                clock_list.append(clock)
             cta.compute_started = start
             heapq.heappush(clock.heap, (clock.progress + task.compute_ns, cta.index))
             computing += 1
@@ -300,10 +303,11 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
     while True:
         t_compute = compute_done[0][0] if compute_done else math.inf
         slowest = None
-        for clock in clocks.values():
-            t = clock.next_end()
-            if t < t_compute:
-                t_compute, slowest = t, clock
+        for clock in clock_list:
+            if clock.heap:  # its next end (`_LoadClock.next_end`), inlined: this runs at every event
+                t = clock.t + (clock.heap[0][0] - clock.progress) * clock.sigma
+                if t < t_compute:
+                    t_compute, slowest = t, clock
         paced_first = bool(released) and released[0][0] < t_compute
         if paced_first:
             t_compute = released[0][0]
