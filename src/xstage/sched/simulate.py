@@ -107,9 +107,6 @@ class _LoadClock:
         self.progress += (now - self.t) / self.sigma
         self.t = now
 
-    def next_end(self) -> float:
-        return self.t + (self.heap[0][0] - self.progress) * self.sigma if self.heap else math.inf
-
 
 class _Cta:
     __slots__ = ("index", "tasks", "pos", "pending_stores", "issue_started", "task_ready", "compute_started")
@@ -304,7 +301,7 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         t_compute = compute_done[0][0] if compute_done else math.inf
         slowest = None
         for clock in clock_list:
-            if clock.heap:  # its next end (`_LoadClock.next_end`), inlined: this runs at every event
+            if clock.heap:  # its next end: its first task's remaining progress at its rate
                 t = clock.t + (clock.heap[0][0] - clock.progress) * clock.sigma
                 if t < t_compute:
                     t_compute, slowest = t, clock
