@@ -59,7 +59,7 @@ def validation_items(params, csv_path, every: int):
     rows = [r for r in fused_rows(read_rows(csv_path)) if str(r["path"]).strip() == "host"][::every]
     for r in rows:
         cfg = _config(r)
-        schedule, pace = split_variant(str(r["variant"]).strip(), "auto")
+        schedule, pace = split_variant(str(r["variant"]).strip(), "default")  # rows without @ ran the default
         work = moe_work(cfg, schedule, costs, int(r["ctas"]))
         pacing = resolve_pacing(pace, "host", cfg.ep)
         got, secs = {}, {}
