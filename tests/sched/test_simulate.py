@@ -170,3 +170,10 @@ def test_tasks_speed_up_while_fewer_ctas_compute():
     assert compute == pytest.approx({"a": 1000.0, "b": 2600.0, "c": 400.0})
     fixed = simulate_kernel(dataclasses.replace(work, occupancy=None), {})
     assert fixed.task_end_ns["b"] == pytest.approx(3000.0) and fixed.time_ns == pytest.approx(3500.0)
+
+
+@pytest.mark.parametrize("occupancy, match", [("fast", "work.occupancy: expected a function"),
+                                              (lambda share: 0.0, r"work.occupancy\(1\) = 0.0")])
+def test_a_malformed_occupancy_is_a_clear_error(occupancy, match):
+    with pytest.raises(InputError, match=match):
+        simulate_kernel(KernelWork(ctas=[[Task("t", 1.0)]], occupancy=occupancy), {})

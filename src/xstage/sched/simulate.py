@@ -200,6 +200,8 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
             for clock in clock_list:
                 clock.slowdown = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
         busy = occupancy(max(1, computing) / n) if occupancy else 1.0
+        if not 0 < busy < math.inf:
+            raise InputError(f"work.occupancy({max(1, computing) / n:g}) = {busy!r}: must be a finite factor > 0")
         for clock in clock_list:
             clock.sigma = clock.slowdown * busy
 

@@ -76,6 +76,9 @@ class KernelWork:
     def __post_init__(self):
         if not self.ctas:
             raise InputError("work.ctas: at least one CTA is needed")
+        if self.occupancy is not None and not callable(self.occupancy):
+            raise InputError(f"work.occupancy: expected a function of the share of CTAs computing, got "
+                             f"{type(self.occupancy).__name__}")
         if self.cta_sm is None:
             self.cta_sm = list(range(len(self.ctas)))
         if len(self.cta_sm) != len(self.ctas):
