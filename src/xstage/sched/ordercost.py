@@ -22,6 +22,14 @@ Model: a factor on a task's traced time, per schedule, shape, kind and rows per 
 `expert_wave` keeps factor 1 (it is the baseline of every trace). A schedule without traces (a custom
 order) has factor 1; `lag:k` without traces takes the traced lag nearest in log(k).
 
+Occupancy: a tile also runs faster while fewer CTAs compute beside it (more of L2 and HBM for each),
+by `idle_speedup` (kappa) x the share of CTAs not computing. Points traced with their runs' busy
+shares (CTA time inside tasks over CTAs x span; `[rows, ratio, busy, baseline busy]`) fit kappa
+(`fit_idle_speedup`: within one shape, kind and rows per expert the interleaving orders share one L2
+effect, so their ratios differ by their busy shares alone), and the factor above is taken without that
+difference. The simulator plays each kernel's own occupancy instead (`occupancy_factor`, 1 at
+`reference_busy`, the traced `expert_wave` kernels' busy share; `KernelWork.occupancy`).
+
 Example:
     >>> eff = OrderEffect({"interleaved": {"H4096-I2048-E256-K6": {"linear1": [(96.0, 1.0), (384.0, 1.2)]}}})
     >>> round(eff.factor("interleaved", "H4096-I2048-E256-K6", "linear1", 192.0), 3)
@@ -32,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -72,9 +81,18 @@ class OrderEffect:
     idle_speedup: float = 0.0  # kappa: a tile's time falls by kappa x the share of CTAs not computing
     reference_busy: float = 1.0  # the busy share of the traced `expert_wave` kernels (the tile costs')
 
+    def _relative_time(self, busy: float) -> float:
+        """A tile's time with a share `busy` of the CTAs computing, over its time with all of them."""
+        return 1.0 - self.idle_speedup * (1.0 - busy)
+
+    @functools.cached_property
+    def _reference_time(self) -> float:
+        return self._relative_time(self.reference_busy)
+
     def occupancy_factor(self, busy: float) -> float:
-        """A task's time with a share `busy` of the CTAs computing, over its traced time (module docstring)."""
-        return (1.0 - self.idle_speedup * (1.0 - busy)) / (1.0 - self.idle_speedup * (1.0 - self.reference_busy))
+        """A task's time with a share `busy` of the CTAs computing, over its traced time (module docstring);
+        the simulator asks at every task start and end."""
+        return self._relative_time(busy) / self._reference_time
 
     @property
     def has_occupancy(self) -> bool:
@@ -124,7 +142,7 @@ class OrderEffect:
         """A point's ratio without the occupancy difference between its run and the baseline's."""
         if len(p) < 4 or not self.has_occupancy:
             return p[1]
-        return p[1] * (1.0 - self.idle_speedup * (1.0 - p[3])) / (1.0 - self.idle_speedup * (1.0 - p[2]))
+        return p[1] * self._relative_time(p[3]) / self._relative_time(p[2])
 
     def _interp(self, pts, rows_per_expert: float) -> float:
         xs = np.log([p[0] for p in pts])
