@@ -21,6 +21,7 @@ from collections import defaultdict
 from xstage.env import environment
 from xstage.model.interference import load_default_interference
 from xstage.moe.pacing import resolve_pacing
+from xstage.moe.problem import MoeShape, parse_block
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import load_default_costs
@@ -42,9 +43,9 @@ def check(rows, calibration_only: bool) -> list[dict]:
         if r["path"] != "host":
             continue
         hbm = by[(r["shape"], r["tokens"], r["ep"], "hbm", r["schedule"])]
-        hidden = int(str(r["shape"]).split("-")[0][1:])
+        block = parse_block(None, MoeShape.parse(r["shape"]).hidden)  # the traced kernel's default tiles
         cfg = MoeConfig.parse(r["shape"], tokens_per_rank=int(r["tokens"]), ep=int(r["ep"]),
-                              block_n2=128 if hidden <= 1152 else 256)  # the kernel's default tiles
+                              block_n2=block.block_n2)
         work = moe_work(cfg, r["schedule"], costs, 132)
         res = simulate_remote(work, path, resolve_pacing("default", "host", cfg.ep), term)
         per_cta: dict[str, float] = defaultdict(float)
