@@ -151,6 +151,9 @@ def test_calibration_traces_each_schedule_and_keeps_their_mean_tile_ratios(monke
     assert costs.order.factor("lag:2", SMALL, "linear2", 512.0) == pytest.approx(1.5, rel=1e-3)
     assert costs.order.occupancy_factor(0.94) == pytest.approx(1.0)
     assert costs.order.occupancy_factor(0.7) == pytest.approx(0.85 / 0.97, rel=1e-3)
+    # Below the lowest traced busy share (lag:2's 0.7) the factor is held: no trace says how far it goes.
+    assert costs.order.lowest_traced_busy == pytest.approx(0.7)
+    assert costs.order.occupancy_factor(0.1) == pytest.approx(0.85 / 0.97, rel=1e-3)
     only, _ = calibrate.calibrate_moe([SMALL], tokens=[1024])
     assert only.order is None
     with pytest.raises(InputError, match="include expert_wave"):

@@ -28,7 +28,9 @@ shares (CTA time inside tasks over CTAs x span; `[rows, ratio, busy, baseline bu
 (`fit_idle_speedup`: within one shape, kind and rows per expert the interleaving orders share one L2
 effect, so their ratios differ by their busy shares alone), and the factor above is taken without that
 difference. The simulator plays each kernel's own occupancy instead (`occupancy_factor`, 1 at
-`reference_busy`, the traced `expert_wave` kernels' busy share; `KernelWork.occupancy`).
+`reference_busy`, the traced `expert_wave` kernels' busy share; `KernelWork.occupancy`), held at the
+lowest traced busy share below it: EP > 1 kernels bound by the store link keep most CTAs waiting
+(busy shares far below any trace), and the linear term taken there made their tiles twice as fast.
 
 Example:
     >>> eff = OrderEffect({"interleaved": {"H4096-I2048-E256-K6": {"linear1": [(96.0, 1.0), (384.0, 1.2)]}}})
@@ -89,10 +91,18 @@ class OrderEffect:
     def _reference_time(self) -> float:
         return self._relative_time(self.reference_busy)
 
+    @functools.cached_property
+    def lowest_traced_busy(self) -> float:
+        """The lowest busy share among the traced points (1 where none carries one)."""
+        return min((p[2] for per in self.ratios.values() for kinds in per.values() for pts in kinds.values()
+                    for p in pts if len(p) == 4), default=1.0)
+
     def occupancy_factor(self, busy: float) -> float:
         """A task's time with a share `busy` of the CTAs computing, over its traced time (module docstring);
-        the simulator asks at every task start and end."""
-        return self._relative_time(busy) / self._reference_time
+        the simulator asks at every task start and end. Below the lowest traced busy share the factor is
+        held there: a tile cannot keep speeding up as its neighbours go idle (its MMAs bound it), and no
+        trace says where it stops."""
+        return self._relative_time(max(busy, self.lowest_traced_busy)) / self._reference_time
 
     @property
     def has_occupancy(self) -> bool:
