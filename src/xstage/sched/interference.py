@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
+from xstage.moe.problem import MoeShape, parse_block
 from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work
@@ -57,8 +58,8 @@ def busy_link_work(shape: str, tokens: int, storing_ctas: int, costs: TaskCosts,
     kernel: no loads)."""
     if not 0 < storing_ctas < num_sms:
         raise InputError(f"storing_ctas={storing_ctas}: must be between 1 and {num_sms - 1}")
-    hidden = int(shape.split("-")[0][1:])
-    cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=1, block_n2=128 if hidden <= 1152 else 256)
+    block = parse_block(None, MoeShape.parse(shape).hidden)  # the measured kernel's default tiles
+    cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=1, block_n2=block.block_n2)
     moe = moe_work(cfg, "expert_wave", costs, num_ctas=num_sms - storing_ctas)
     # The MoE CTAs take tasks from the shared queue; a storer's last task waits for the queue's last
     # task, so storers never take MoE tasks (they are another kernel).
