@@ -286,6 +286,11 @@ def test_validate_progress_is_plain_lines_and_quiet_under_json(tmp_path, capsys)
     summary = _strict_json(cap.out)
     assert summary["rows"] == 3 and summary["pick_within_tolerance"] is None  # no config with every candidate
     assert (tmp_path / "b" / "validation.csv").exists() and (tmp_path / "b" / "validation.png").exists()
+    import csv
+
+    with open(tmp_path / "b" / "validation.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and all(r["git_commit"] and r["date"] for r in rows)  # rows say which model made them
 
 
 def test_plan_progress_goes_to_stderr_and_json_is_standard(capsys):

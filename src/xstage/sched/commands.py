@@ -14,6 +14,7 @@ from pathlib import Path
 from xstage.attention.exchange import parse_exchange
 from xstage.comm.pacing import spec_of
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
+from xstage.env import environment
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
 from xstage.model.interference import load_default_interference
@@ -294,6 +295,12 @@ def run_attention_costs(args) -> int:
     return 0
 
 
+def _with_provenance(rows: list[dict]) -> list[dict]:
+    """Every row with the commit and date of the model that predicted it (results quote these rows)."""
+    env = environment()
+    return [{**r, "git_commit": env["git_commit"], "src_hash": env["src_hash"], "date": env["date"]} for r in rows]
+
+
 def run_validate(args) -> int:
     out = check_output_dir(args.out)
     workers = checked_int("--workers", args.workers, "processes")
@@ -307,6 +314,7 @@ def run_validate(args) -> int:
     params = _load_profile(args.profile).params
     if res.kind == "ulysses":
         out_rows, summary = validate_exchange(res.rows, _exchange_costs(args.calibration), exchanges)
+        out_rows = _with_provenance(out_rows)
         out.mkdir(parents=True, exist_ok=True)
         write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
         emit({"exchanges": summary}, args.json, markdown_table(summary, list(summary[0]), floatfmt=".4g")
@@ -320,6 +328,7 @@ def run_validate(args) -> int:
                                          source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes,
                                          interference=None if args.no_interference
                                          else load_default_interference(_load_profile(args.profile).path))
+    out_rows = _with_provenance(out_rows)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
     plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
