@@ -1,0 +1,85 @@
+"""Summarise `moe_task_timeline.py`'s per-task timelines, beside the simulator's rate for the same kernel.
+
+Per file: the kernel span, the LINEAR2 tasks' time (p10/p50/p90: on the paced host path it holds the
+pacing wait and the issue of the combine rows), and the steady rate at which LINEAR2 tasks finish
+(those finishing between the 25th and 75th percentile of LINEAR2 end times, per ms). Orders of one
+configuration run the same LINEAR2 tasks with the same rows, so the ratio of their steady rates is the
+ratio of the rates at which their combine rows leave. `sim_l2_rate_per_ms`: the same rate in the
+simulated kernel (calibration-shape tile costs, embedded profile and interference term, as `link_tiles_check.py`).
+
+    PYTHONPATH=src python3 benchmarks/experiments/moe_task_timeline_check.py DIR/*.npz \\
+        --measured-commit COMMIT --out timeline-summary.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+from xstage.env import environment
+from xstage.model.interference import load_default_interference
+from xstage.moe.pacing import resolve_pacing
+from xstage.moe.problem import MoeShape, parse_block
+from xstage.results.io import write_csv_atomic
+from xstage.sched.calibrate import MODEL_SHAPES
+from xstage.sched.costs import load_default_costs
+from xstage.sched.moe import MoeConfig, moe_work, simulate_remote
+from xstage.sched.plan import moe_path_params
+
+NAME = re.compile(r"(?P<shape>H\d+-I\d+-E\d+-K\d+)-(?P<tokens>\d+)-ep(?P<ep>\d+)-(?P<path>\w+)"
+                  r"-(?P<sched>[a-z_]+\d*)\.npz")
+LINEAR2 = 2
+
+
+def steady_rate(ends_ns: np.ndarray) -> float:
+    """Tasks per ms among those ending between the 25th and 75th percentile of end times."""
+    lo, hi = np.percentile(ends_ns, [25, 75])
+    return float(np.sum((ends_ns >= lo) & (ends_ns <= hi)) / (hi - lo) * 1e6)
+
+
+def simulated_rate(shape: str, tokens: int, ep: int, schedule: str, costs) -> float:
+    block = parse_block(None, MoeShape.parse(shape).hidden)
+    cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=ep, block_n2=block.block_n2)
+    work = moe_work(cfg, schedule, costs, 132)
+    res = simulate_remote(work, moe_path_params("host"), resolve_pacing("default", "host", ep),
+                          load_default_interference("host"))
+    ends = np.array([end for name, end in res.task_end_ns.items() if name.startswith("linear2.")])
+    return steady_rate(ends)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--measured-commit", required=True, help="the commit that measured the files")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    costs = load_default_costs("moe").calibrated_on(MODEL_SHAPES)
+    commit = environment()["git_commit"]
+    rows = []
+    for f in sorted(args.files):
+        m = NAME.fullmatch(Path(f).name)
+        if m is None:
+            raise SystemExit(f"{f}: not a moe_task_timeline.py file name")
+        d = np.load(f)
+        l2 = d["kind"] == LINEAR2
+        t = (d["done_ns"][l2] - d["go_ns"][l2]) / 1e3
+        schedule = re.sub(r"^lag(\d+)$", r"lag:\1", m["sched"])
+        row = {"shape": m["shape"], "tokens": int(m["tokens"]), "ep": int(m["ep"]), "path": m["path"],
+               "schedule": schedule, "span_us": round(float(d["done_ns"].max()) / 1e3, 1),
+               "l2_p10_us": round(float(np.percentile(t, 10)), 2), "l2_p50_us": round(float(np.median(t)), 2),
+               "l2_p90_us": round(float(np.percentile(t, 90)), 2),
+               "l2_rate_per_ms": round(steady_rate(d["done_ns"][l2]), 1)}
+        if m["path"] == "host":
+            row["sim_l2_rate_per_ms"] = round(simulated_rate(m["shape"], row["tokens"], row["ep"], schedule, costs), 1)
+        rows.append({**row, "measured_commit": args.measured_commit, "git_commit": commit})
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    write_csv_atomic(args.out, [{c: r.get(c, "") for c in cols} for r in rows], cols)
+    for r in rows:
+        print(r)
+
+
+if __name__ == "__main__":
+    main()
