@@ -5,7 +5,8 @@ pacing wait and the issue of the combine rows), and the steady rate at which LIN
 (those finishing between the 25th and 75th percentile of LINEAR2 end times, per ms). Orders of one
 configuration run the same LINEAR2 tasks with the same rows, so the ratio of their steady rates is the
 ratio of the rates at which their combine rows leave. `sim_l2_rate_per_ms`: the same rate in the
-simulated kernel (calibration-shape tile costs, embedded profile and interference term, as `link_tiles_check.py`).
+simulated kernel (calibration-shape tile costs, embedded profile; on `host` paced by default with the
+interference term, as `link_tiles_check.py`).
 
     PYTHONPATH=src python3 benchmarks/experiments/moe_task_timeline_check.py DIR/*.npz \\
         --measured-commit COMMIT --out timeline-summary.csv
@@ -40,12 +41,17 @@ def steady_rate(ends_ns: np.ndarray) -> float:
     return float(np.sum((ends_ns >= lo) & (ends_ns <= hi)) / (hi - lo) * 1e6)
 
 
-def simulated_rate(shape: str, tokens: int, ep: int, schedule: str, costs) -> float:
+def simulated_rate(shape: str, tokens: int, ep: int, path: str, schedule: str, costs) -> float:
+    """The steady LINEAR2 rate of the simulated kernel: on `host` paced by default with the interference
+    term, on `hbm` (the other ranks' rows to device memory) unpaced."""
     block = parse_block(None, MoeShape.parse(shape).hidden)
     cfg = MoeConfig.parse(shape, tokens_per_rank=tokens, ep=ep, block_n2=block.block_n2)
     work = moe_work(cfg, schedule, costs, 132)
-    res = simulate_remote(work, moe_path_params("host"), resolve_pacing("default", "host", ep),
-                          load_default_interference("host"))
+    if path == "host":
+        res = simulate_remote(work, moe_path_params(path), resolve_pacing("default", path, ep),
+                              load_default_interference(path))
+    else:
+        res = simulate_remote(work, moe_path_params(path))
     ends = np.array([end for name, end in res.task_end_ns.items() if name.startswith("linear2.")])
     return steady_rate(ends)
 
@@ -72,8 +78,8 @@ def main() -> None:
                "l2_p10_us": round(float(np.percentile(t, 10)), 2), "l2_p50_us": round(float(np.median(t)), 2),
                "l2_p90_us": round(float(np.percentile(t, 90)), 2),
                "l2_rate_per_ms": round(steady_rate(d["done_ns"][l2]), 1)}
-        if m["path"] == "host":
-            row["sim_l2_rate_per_ms"] = round(simulated_rate(m["shape"], row["tokens"], row["ep"], schedule, costs), 1)
+        row["sim_l2_rate_per_ms"] = round(simulated_rate(m["shape"], row["tokens"], row["ep"], m["path"], schedule,
+                                                         costs), 1)
         rows.append({**row, "measured_commit": args.measured_commit, "git_commit": commit})
     cols = list(dict.fromkeys(k for r in rows for k in r))
     write_csv_atomic(args.out, [{c: r.get(c, "") for c in cols} for r in rows], cols)
