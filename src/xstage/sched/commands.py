@@ -295,14 +295,15 @@ def run_attention_costs(args) -> int:
     return 0
 
 
-def _with_provenance(rows: list[dict]) -> list[dict]:
-    """Every row with the commit and date of the model that predicted it (results quote these rows)."""
-    env = environment()
+def _with_provenance(rows: list[dict], env: dict) -> list[dict]:
+    """Every row with the commit and date of the model that predicted it (results quote these rows); `env`
+    taken before the predictions, so a commit made while they run is not stamped on them."""
     return [{**r, "git_commit": env["git_commit"], "src_hash": env["src_hash"], "date": env["date"]} for r in rows]
 
 
 def run_validate(args) -> int:
     out = check_output_dir(args.out)
+    env = environment()
     workers = checked_int("--workers", args.workers, "processes")
     candidates = schedule_list(args.candidates)
     try:
@@ -314,7 +315,7 @@ def run_validate(args) -> int:
     params = _load_profile(args.profile).params
     if res.kind == "ulysses":
         out_rows, summary = validate_exchange(res.rows, _exchange_costs(args.calibration), exchanges)
-        out_rows = _with_provenance(out_rows)
+        out_rows = _with_provenance(out_rows, env)
         out.mkdir(parents=True, exist_ok=True)
         write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
         emit({"exchanges": summary}, args.json, markdown_table(summary, list(summary[0]), floatfmt=".4g")
@@ -328,7 +329,7 @@ def run_validate(args) -> int:
                                          source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes,
                                          interference=None if args.no_interference
                                          else load_default_interference(_load_profile(args.profile).path))
-    out_rows = _with_provenance(out_rows)
+    out_rows = _with_provenance(out_rows, env)
     out.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
     plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
