@@ -7,7 +7,7 @@ from xstage.model.interference import load_default_interference
 from xstage.model.params import PathParams
 from xstage.moe.schedule import LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
-from xstage.sched.moe import MoeConfig, moe_work, synthetic_units, task_work
+from xstage.sched.moe import MoeConfig, moe_work, synthetic_routing, synthetic_units, task_work
 from xstage.sched.plan import plan_moe
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.timeline import plot_timeline
@@ -39,26 +39,59 @@ def test_synthetic_units_cover_the_routed_rows():
     assert experts == sorted(experts)
 
 
-def test_work_stores_only_in_linear2_and_only_the_remote_share():
+def test_work_stores_only_in_linear2_and_only_the_rows_of_other_ranks():
     work = moe_work(SMALL, "expert_wave", COSTS, num_ctas=4)
-    _, rows = synthetic_units(SMALL)
-    total = sum(t.store_bytes for t in work.all_tasks())
+    experts, rows, remote = synthetic_routing(SMALL)
+    assert synthetic_units(SMALL) == (experts, rows)
     n2 = SMALL.hidden // SMALL.block_n2
-    expected = sum(rows) * n2 * SMALL.block_n2 * 2 * (SMALL.ep - 1) / SMALL.ep
-    assert total == pytest.approx(expected, rel=1e-3)
+    by_unit = {t.name: t.store_bytes for t in work.all_tasks() if t.kind == "linear2"}
+    for u, r in enumerate(remote):  # every LINEAR2 slab of a unit stores its remote rows, BF16
+        assert all(by_unit[f"linear2.{u}.{j}"] == r * SMALL.block_n2 * 2 for j in range(n2))
     assert all(t.kind == "linear2" for t in work.all_tasks() if t.store_bytes)
+    # About (EP - 1) / EP of the rows are other ranks' (binomial, 5 sigma).
+    n, p = sum(rows), (SMALL.ep - 1) / SMALL.ep
+    assert abs(sum(remote) - n * p) < 5 * (n * p * (1 - p)) ** 0.5
     assert task_work(SMALL, LINEAR2) == 2.0 * 64 * 128 * 256
+
+
+def test_an_experts_remote_rows_follow_its_own_rows_as_in_the_kernels_layout():
+    import torch
+
+    from xstage.moe.layout import routing_layout, unit_experts
+
+    cfg = MoeConfig.parse("H512-I256-E8-K2", tokens_per_rank=512, ep=4, block_m=16, block_n1=64, block_n2=128)
+    experts, rows, remote = synthetic_routing(cfg, seed=1)
+    for e in set(experts):  # the model: within an expert, the own rows fill the first units
+        units = [u for u, x in enumerate(experts) if x == e]
+        own = [rows[u] - remote[u] for u in units]
+        first_remote = next((i for i, u in enumerate(units) if remote[u]), len(units))
+        assert all(o == rows[u] for o, u in zip(own[:first_remote], units))
+        assert all(o == 0 for o in own[first_remote + 1:])
+    # The kernel's layout orders an expert's rows by source rank (rank 0: its own first).
+    gen = torch.Generator().manual_seed(5)
+    idx = torch.stack([torch.rand(cfg.tokens_per_rank, cfg.num_experts, generator=gen).topk(cfg.topk).indices
+                       for _ in range(cfg.ep)])
+    el = cfg.local_experts
+    counts = torch.bincount((idx[idx // el == 0] % el).reshape(-1), minlength=el)
+    units = unit_experts(counts.tolist(), cfg.block_m)
+    lay = routing_layout(idx, 0, el, cfg.block_m, rows_cap=4096, units_cap=len(units), token_stride=1 << 16)
+    for e in range(el):
+        first = int(lay.unit_info[units.index(e), 1])
+        src_rank = (lay.row_src[first:first + int(counts[e])] >> 16).tolist()
+        assert src_rank == sorted(src_rank) and src_rank[0] == 0 and src_rank[-1] == cfg.ep - 1
 
 
 def test_schedules_equal_without_backpressure_and_differ_with_it():
     """On a path that never backpressures, store placement cannot matter beyond issue cost;
-    on a slow path the wave order, which concentrates the Linear-2 stores, must not win."""
+    on a slow path the wave order, which concentrates the Linear-2 stores, must not win, and stalls
+    more than `interleaved`, which spreads a wave's stores over the next wave's LINEAR1 tasks. (`lag:1`
+    spreads them over three units only: an expert's remote rows come in a run of units, after its own.)"""
     cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64, block_n2=128)
     fast = {r.schedule: r.time_ns for r in plan_moe(cfg, FAST_PATH, COSTS, 8, candidates=["expert_wave", "lag:1"])}
     slow = plan_moe(cfg, SLOW_PATH, COSTS, 8, candidates=["expert_wave", "interleaved", "lag:1"])
     assert all(r.time_ns >= min(fast.values()) for r in slow)
     by_name = {r.schedule: r for r in slow}
-    assert by_name["expert_wave"].breakdown["stall"] > by_name["lag:1"].breakdown["stall"]
+    assert by_name["expert_wave"].breakdown["stall"] > by_name["interleaved"].breakdown["stall"]
     assert slow[0].schedule != "expert_wave"
 
 

@@ -3,11 +3,12 @@
 A MoE configuration (shape, tokens per rank, EP size, block sizes) and a schedule name give the
 kernel's schedule table (`xstage.moe.schedule.make_schedule`, the same table the kernel runs); each
 row becomes a `Task` whose compute time comes from measured tile costs (`TaskCosts`) and whose
-LINEAR2 epilogue stores the unit's output rows: the share owned by other ranks goes through the
-`remote` store path, the own rank's share is local.
+LINEAR2 epilogue stores the unit's output rows: the rows of other ranks' tokens go through the
+`remote` store path, the own rank's rows are local.
 
 Routing for planning is synthetic: every token of every rank picks `topk` experts uniformly, so a
-local expert's row count is Binomial(tokens x EP, topk / experts) (seeded).
+local expert's row count is Binomial(tokens x EP, topk / experts) (seeded), of which Binomial(rows,
+1 / EP) are rank 0's own; as in the kernel's routing layout those fill the expert's first units.
 
 Example:
     cfg = MoeConfig.parse("H4096-I2048-E256-K6", tokens_per_rank=4096, ep=8)
@@ -156,15 +157,28 @@ def simulate_remote(work: KernelWork, path: PathParams, pacing: StorePacing | No
                            pacers={REMOTE_PATH: pacing} if pacing is not None else None, **kw)
 
 
-def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:
-    """(local expert, valid rows) of each unit of rank 0 under uniform synthetic routing."""
+def synthetic_routing(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int], list[int]]:
+    """(local expert, valid rows, rows from other ranks) of each unit of rank 0 under uniform synthetic
+    routing. The kernel's routing layout (`xstage.moe.layout.routing_layout`) orders an expert's rows
+    by source rank, so rank 0's own rows (Binomial(rows, 1 / EP) of them) fill its first units and
+    the rows its LINEAR2 tasks store to other ranks sit in the later ones: the remote stores come in a
+    run per expert, not spread evenly."""
     rng = np.random.default_rng(seed)
     counts = rng.binomial(cfg.tokens_per_rank * cfg.ep, cfg.topk / cfg.num_experts, size=cfg.local_experts)
-    experts, rows = [], []
-    for e, c in enumerate(counts.tolist()):
+    own = rng.binomial(counts, 1.0 / cfg.ep)  # drawn after the counts: the counts keep their values per seed
+    experts, rows, remote = [], [], []
+    for e, (c, c_own) in enumerate(zip(counts.tolist(), own.tolist())):
         for i in range(-(-c // cfg.block_m)):
+            first, n = i * cfg.block_m, min(cfg.block_m, c - i * cfg.block_m)
             experts.append(e)
-            rows.append(min(cfg.block_m, c - i * cfg.block_m))
+            rows.append(n)
+            remote.append(n - min(n, max(0, c_own - first)))
+    return experts, rows, remote
+
+
+def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:
+    """(local expert, valid rows) of each unit of rank 0 under uniform synthetic routing."""
+    experts, rows, _ = synthetic_routing(cfg, seed)
     return experts, rows
 
 
@@ -194,7 +208,7 @@ def mem_share(load_bytes: float, task_ns: float) -> float:
 
 
 def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, seed: int = 0) -> KernelWork:
-    experts, rows = synthetic_units(cfg, seed)
+    experts, rows, remote_rows = synthetic_routing(cfg, seed)
     if not experts:
         raise InputError(f"{cfg.shape} at {cfg.tokens_per_rank} tokens: no rows routed to rank 0")
     n1 = cfg.intermediate // cfg.block_n1
@@ -210,7 +224,6 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
     # Rounded so tasks of one kind share one clock in the simulator's interference term.
     kind_share = {k: round(mem_share(tile_load_bytes(cfg, k, rows_per_expert), kind_time[k]), 3)
                   for k in (DISPATCH, LINEAR1, LINEAR2)}
-    remote_share = (cfg.ep - 1) / cfg.ep
     n_cols = min(cfg.block_n2, cfg.hidden)
 
     def name(kind: int, u: int, nb: int) -> str:
@@ -218,7 +231,7 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
 
     def tasks(rows) -> list[Task]:
         out = []
-        for kind, u, nb, *_rest, store_rows in rows.tolist():
+        for kind, u, nb, *_ in rows.tolist():
             if kind == DISPATCH:
                 # The row pool: unit u takes the slot of unit u - pool_units once all its LINEAR2 are done.
                 deps: tuple[str, ...] = ()
@@ -229,8 +242,8 @@ def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, see
             else:
                 deps = tuple(name(LINEAR1, u, j) for j in range(n1))
             stores = {}
-            if kind == LINEAR2 and remote_share > 0:
-                stores = {REMOTE: int(round(store_rows * n_cols * cfg.store_elem_bytes * remote_share))}
+            if kind == LINEAR2 and remote_rows[u] > 0:
+                stores = {REMOTE: remote_rows[u] * n_cols * cfg.store_elem_bytes}
             out.append(Task(name(kind, u, nb), kind_time[kind], stores=stores, deps=deps, kind=KIND_NAMES[kind],
                             mem_share=kind_share[kind]))
         return out
