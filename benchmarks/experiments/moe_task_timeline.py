@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from moe_link_tiles import parse_configs, parse_list  # the sibling trace script's --configs format
 
 from xstage.moe.fused import launch_main, launch_reduce, plan
 from xstage.moe.problem import DEFAULT_BLOCK, MoeShape, Problem, parse_block
@@ -58,12 +59,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     writer = ResultWriter(out / "summary.csv", COLUMNS, COLUMNS[:6], require_commit=True)
-    for item in args.configs.split(","):
-        shape, tokens, ep = item.split(":")
-        shape, tokens, ep = str(MoeShape.parse(shape)), int(tokens), int(ep)
-        for path in args.paths.split(","):
+    for shape, tokens, ep in parse_configs(args.configs):
+        for path in parse_list(args.paths):
             pb = Problem(shape, tokens, ep, path, parse_block(DEFAULT_BLOCK, MoeShape.parse(shape).hidden))
-            for schedule in args.schedules.split(","):
+            for schedule in parse_list(args.schedules):
                 tl = timeline(pb, schedule)
                 np.savez_compressed(out / f"{shape}-{tokens}-ep{ep}-{path}-{schedule.replace(':', '')}.npz", **tl)
                 d = (tl["done_ns"] - tl["go_ns"]) / 1e3
