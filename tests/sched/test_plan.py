@@ -7,7 +7,7 @@ from xstage.model.interference import load_default_interference
 from xstage.model.params import PathParams
 from xstage.moe.schedule import LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
-from xstage.sched.moe import MoeConfig, moe_work, synthetic_routing, synthetic_units, task_work
+from xstage.sched.moe import MoeConfig, moe_work, synthetic_routing, task_work
 from xstage.sched.plan import plan_moe
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.timeline import plot_timeline
@@ -30,8 +30,8 @@ def test_config_parsing_and_validation():
         MoeConfig.parse("H512-I256-E10-K2", tokens_per_rank=1, ep=4)
 
 
-def test_synthetic_units_cover_the_routed_rows():
-    experts, rows = synthetic_units(SMALL, seed=3)
+def test_synthetic_routing_covers_the_routed_rows():
+    experts, rows, _ = synthetic_routing(SMALL, seed=3)
     assert all(0 < r <= SMALL.block_m for r in rows)
     # Expected rows on rank 0: tokens x EP x topk / experts x local experts.
     expected = SMALL.tokens_per_rank * SMALL.ep * SMALL.topk / SMALL.num_experts * SMALL.local_experts
@@ -42,7 +42,6 @@ def test_synthetic_units_cover_the_routed_rows():
 def test_work_stores_only_in_linear2_and_only_the_rows_of_other_ranks():
     work = moe_work(SMALL, "expert_wave", COSTS, num_ctas=4)
     experts, rows, remote = synthetic_routing(SMALL)
-    assert synthetic_units(SMALL) == (experts, rows)
     n2 = SMALL.hidden // SMALL.block_n2
     by_unit = {t.name: t.store_bytes for t in work.all_tasks() if t.kind == "linear2"}
     for u, r in enumerate(remote):  # every LINEAR2 slab of a unit stores its remote rows, BF16
@@ -251,7 +250,7 @@ def test_row_pool_slot_waits_are_dependencies_and_cost_time():
 
     cfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=2048, ep=2, block_m=64, block_n1=64,
                           block_n2=128, block_k=32)
-    experts, _ = synthetic_units(cfg, 0)
+    experts, _, _ = synthetic_routing(cfg, 0)
     pool = 8
     assert len(experts) > 2 * pool
     pooled = dataclasses.replace(cfg, pool_units=pool)

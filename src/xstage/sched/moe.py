@@ -176,11 +176,6 @@ def synthetic_routing(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[in
     return experts, rows, remote
 
 
-def synthetic_units(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int]]:
-    """(local expert, valid rows) of each unit of rank 0 under uniform synthetic routing."""
-    experts, rows, _ = synthetic_routing(cfg, seed)
-    return experts, rows
-
 
 def task_work(cfg: MoeConfig, kind: int) -> float:
     """Work of one task: FLOPs of a full BLOCK_M tile (tensor cores compute the padded tile), or bytes."""

@@ -30,7 +30,8 @@ effect, so their ratios differ by their busy shares alone), and the factor above
 difference. The simulator plays each kernel's own occupancy instead (`occupancy_factor`, 1 at
 `reference_busy`, the traced `expert_wave` kernels' busy share; `KernelWork.occupancy`), held at the
 lowest traced busy share below it: EP > 1 kernels bound by the store link keep most CTAs waiting
-(busy shares far below any trace), and the linear term taken there made their tiles twice as fast.
+(busy shares far below any trace), and the linear term taken there made their tiles up to twice as
+fast.
 
 Example:
     >>> eff = OrderEffect({"interleaved": {"H4096-I2048-E256-K6": {"linear1": [(96.0, 1.0), (384.0, 1.2)]}}})

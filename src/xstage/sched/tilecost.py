@@ -18,7 +18,7 @@ Model (one task on one SM while every SM is busy, as in the traces; `xstage.moe.
   filling the pipeline, the epilogue's stores, the release. Output stores (a few percent of a tile's
   bytes, drained by L2 write-back) are left out.
 - Units reading one slab: E[ceil(c / BM) | c > 0] for an expert's row count c ~ Binomial(n, topk /
-  experts) with mean `rows_per_expert` (uniform routing, as `xstage.sched.moe.synthetic_units`).
+  experts) with mean `rows_per_expert` (uniform routing, as `xstage.sched.moe.synthetic_routing`).
 - A DISPATCH task copies its unit's valid rows (min(BM, rows per expert) rows of H elements) in H / BD
   chunks, each waiting for its loads before it stores (`_dispatch`; BD as `parse_block` picks it):
 
