@@ -27,6 +27,7 @@ from xstage.env import environment
 from xstage.model.interference import load_default_interference
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.problem import MoeShape, parse_block
+from xstage.moe.schedule import LINEAR2
 from xstage.results.io import write_csv_atomic
 from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import load_default_costs
@@ -35,7 +36,6 @@ from xstage.sched.plan import moe_path_params
 
 NAME = re.compile(r"(?P<shape>H\d+-I\d+-E\d+-K\d+)-(?P<tokens>\d+)-ep(?P<ep>\d+)-(?P<path>\w+)"
                   r"-(?P<sched>[a-z_]+\d*)\.npz")
-LINEAR2 = 2
 
 
 def steady_rate(ends_ns: np.ndarray) -> float:
