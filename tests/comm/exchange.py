@@ -1,6 +1,7 @@
 """A small exchange kernel built only from `xstage.comm.device` helpers, shared by the comm tests."""
 
 import os
+import warnings
 
 import torch
 import triton
@@ -50,7 +51,9 @@ def peer_worker(rank, world, init_file, result_file, n_elem):
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        ctx = create_context(path="peer", device=device, timeout_ns=5_000_000_000)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)  # no deprecated torch call in the context's set-up
+            ctx = create_context(path="peer", device=device, timeout_ns=5_000_000_000)
         recv = ctx.alloc("recv", (world, n_elem), torch.float32)
         recv.local.fill_(float("nan"))
         ctx.barrier()

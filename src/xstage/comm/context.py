@@ -120,12 +120,11 @@ class CommContext:
         if self.device.type == "cuda":
             import torch.distributed._symmetric_memory as symm_mem  # CUDA builds only
 
+            # Older torch needs the group enabled before a rendezvous; torch 2.11 and 2.13 keep the call
+            # as a deprecated no-op (marked `__deprecated__`) that only prints a FutureWarning.
             enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-            if enable is not None and self.group_name is not None:
-                try:
-                    enable(self.group_name)
-                except Exception:  # newer torch needs no enabling and may refuse the call
-                    pass
+            if enable is not None and getattr(enable, "__deprecated__", None) is None and self.group_name is not None:
+                enable(self.group_name)
             return
         tag = [uuid.uuid4().hex[:12] if self.rank == 0 else None]
         dist.broadcast_object_list(tag, src=dist.get_global_rank(self.group, 0), group=self.group)
