@@ -302,3 +302,19 @@ def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blo
         got = state.out.peers[p][:, :seq[p], h0:h1]
         torch.testing.assert_close(got.double(), refs[p][:, :, h0:h1], atol=2e-3, rtol=2e-3)
     ctx.close()
+
+
+@pytest.mark.parametrize("S,B,H,h0,h,D", [(5, 1, 4, 1, 2, 16), (3, 2, 3, 0, 3, 8), (7, 3, 5, 4, 1, 32)],
+                         ids=["S5-B1-h2of4", "S3-B2-all-heads", "S7-B3-last-head"])
+def test_copy_region_moves_rows_like_the_transposed_copy(S, B, H, h0, h, D, device):
+    """The stand-in receivers' stream-ordered unpack kernel against torch's transposed copy."""
+    from xstage.attention.overlap import copy_region
+
+    region = torch.randn(S, B, h, D, device=device)
+    dest = torch.full((B, S + 2, H, D), float("nan"), device=device)
+    copy_region(region, dest[:, :S, h0:h0 + h])
+    want = torch.full_like(dest, float("nan"))
+    want[:, :S, h0:h0 + h] = region.transpose(0, 1)
+    torch.testing.assert_close(dest, want, equal_nan=True, rtol=0, atol=0)
+    with pytest.raises(InputError, match="copy_region"):
+        copy_region(torch.randn(S, B, h, 2 * D, device=device)[..., ::2], dest[:, :S, h0:h0 + h])

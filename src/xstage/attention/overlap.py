@@ -34,6 +34,8 @@ order (the tests check that each remote row is sent once, in flag order).
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from xstage.attention.exchange import CUTS, Exchange
 from xstage.attention.flash import FlashConfig, flash_attention
@@ -173,6 +175,41 @@ def unpack_stage(plan: UlyssesPlan, stage_local: torch.Tensor, out: torch.Tensor
         out[:, :, plan.head0[s]:plan.head0[s + 1]].copy_(region.transpose(0, 1))
 
 
+@triton.jit
+def _copy_rows_kernel(p_src, p_dst, n_rows, row_elems, src_row_stride, dst_row_stride, dst_batch_stride, rows_per_batch,
+                      BLOCK: tl.constexpr):
+    """Row i of `p_src` (rows of `src_row_stride`, batch-minor: i = s * batches + b) into row s of batch
+    b of `p_dst`; each row is `row_elems` contiguous elements."""
+    i_row = tl.program_id(0)
+    i_s = (i_row // rows_per_batch).to(tl.int64)
+    i_b = (i_row % rows_per_batch).to(tl.int64)
+    p_row_src = p_src + i_row.to(tl.int64) * src_row_stride
+    p_row_dst = p_dst + i_b * dst_batch_stride + i_s * dst_row_stride
+    for o_start in range(0, row_elems, BLOCK):
+        o_elem = o_start + tl.arange(0, BLOCK)  # [BLOCK]
+        m_elem = o_elem < row_elems
+        tl.store(p_row_dst + o_elem, tl.load(p_row_src + o_elem, mask=m_elem), mask=m_elem)
+
+
+def copy_region(region: torch.Tensor, dest: torch.Tensor) -> None:
+    """`dest` (`[B, S, h, D]`, a view whose rows of `h * D` elements are contiguous) := `region`
+    (`[S, B, h, D]`, contiguous), by one kernel on the current stream.
+
+    Why a kernel rather than `dest.copy_(region.transpose(0, 1))`: on the `host` path both tensors
+    live in pinned host memory, where torch copies on the CPU at once, before the stream's copies
+    into `region` have landed, and outside any CUDA graph. The kernel reads and writes them through
+    their device-visible addresses (zero-copy), in stream order."""
+    S, B, h, D = region.shape
+    if S == 0 or B == 0 or h * D == 0:
+        return
+    if not region.is_contiguous() or dest.stride(3) != 1 or dest.stride(2) != D:
+        raise InputError("copy_region: expected a contiguous [S, B, h, D] region and rows of h * D contiguous "
+                         "elements in dest")
+    row = h * D
+    _copy_rows_kernel[(S * B,)](region, dest, S * B, row, row, dest.stride(1), dest.stride(0), B,
+                                BLOCK=min(1024, triton.next_power_of_2(row)), num_warps=4)
+
+
 def _side_streams(device: torch.device):
     """(copy stream, second compute stream) of `device`, made once and kept."""
     if device not in _STREAMS:
@@ -255,5 +292,5 @@ def run_serial_copies(plan: UlyssesPlan, og: torch.Tensor, own_out: torch.Tensor
         own_out.copy_(og[:, a:b])
 
 
-__all__ = ["attend", "concurrent_tiles", "default_blocks", "overlap_blocks", "run_overlap", "run_serial_copies",
-           "send_rows", "stage_offset", "unpack_stage"]
+__all__ = ["attend", "concurrent_tiles", "copy_region", "default_blocks", "overlap_blocks", "run_overlap",
+           "run_serial_copies", "send_rows", "stage_offset", "unpack_stage"]

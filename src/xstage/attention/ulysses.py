@@ -59,7 +59,14 @@ from xstage.attention.layout import (
     unpack_out,
     unpack_qkv,
 )
-from xstage.attention.overlap import attend, run_overlap, run_serial_copies, stage_offset, unpack_stage
+from xstage.attention.overlap import (
+    attend,
+    copy_region,
+    run_overlap,
+    run_serial_copies,
+    stage_offset,
+    unpack_stage,
+)
 from xstage.comm import create_context
 from xstage.comm.device import use_ptx
 from xstage.comm.ulysses_signals import expected_tiles, wait_counters
@@ -330,26 +337,30 @@ def check_runnable(ex: Exchange, device: torch.device) -> None:
                          "serial, overlap, stores, auto")
 
 
-def unpack_loopback(plan: UlyssesPlan, state: FusedState) -> None:
+def unpack_loopback(plan: UlyssesPlan, state: FusedState, *, stream_ordered: bool = True) -> None:
     """What the stand-in ranks of a loopback group do with this rank's staged rows: move them into
-    their outputs, in stream order (so also inside a CUDA graph)."""
+    their outputs, in stream order (so also inside a CUDA graph, and on any stream): the copies into
+    the staging buffers are ordered before these reads on every path, `host` included
+    (`copy_region`).
+
+    `stream_ordered=False` is for tests only: the host path's regions are then copied by the CPU at
+    once, as torch does for tensors in host memory, racing the stream's copies into them (so that a
+    test can show the delivery check catches that race)."""
     r = plan.rank
     h0, h1 = plan.head0[r], plan.head0[r + 1]
     n = plan.batch * (h1 - h0) * plan.head_dim
     stage = state.stage
     for p in range(plan.world):
         s_p = plan.seq_lens[p]
-        if p == r or s_p == 0:
+        if p == r or s_p == 0 or h1 == h0:
             continue
         off = stage_offset(plan, p, r)
-        region = stage.peers[p].view(-1)[off:off + s_p * n]
-        dest = state.out.peers[p]
-        if dest.is_cuda and not region.is_cuda:
-            # A host region goes to the device whole first: copying its transposed view would make torch
-            # gather it on the CPU, which reads the host buffer before the stream's copies into it land
-            # (and cannot be captured). A contiguous pinned copy is ordered on the stream.
-            region = region.to(dest.device, non_blocking=True)
-        dest[:, :s_p, h0:h1].copy_(region.view(s_p, plan.batch, h1 - h0, plan.head_dim).transpose(0, 1))
+        region = stage.peers[p].view(-1)[off:off + s_p * n].view(s_p, plan.batch, h1 - h0, plan.head_dim)
+        dest = state.out.peers[p][:, :s_p, h0:h1]
+        if stream_ordered and state.out.local.is_cuda:
+            copy_region(region, dest)
+        else:
+            dest.copy_(region.transpose(0, 1))
 
 
 def serial_loopback_exchange(plan: UlyssesPlan, og: torch.Tensor, state: FusedState, ctx, *,

@@ -190,18 +190,6 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
             run_serial_copies(plan, og, own_out, stage.peers)
         return serial
 
-    def delivered_error(name: str) -> float:
-        if not parse_exchange(resolved[name]).in_kernel:
-            unpack_loopback(plan, state)  # what each stand-in receiver does with its staged rows
-        torch.cuda.synchronize()
-        ref_max = reference.float().abs().max().item()
-        err = 0.0
-        for p in range(P):
-            rows = slice(plan.tok0[p], plan.tok0[p + 1])
-            got = state.out.peers[p][:, :plan.seq_lens[p], h0:h1].to(dev).float()
-            err = max(err, float("inf") if got.isnan().any() else (got - reference[:, rows].float()).abs().max().item())
-        return err / ref_max
-
     fns, errs, resolved, timed = {}, {}, {}, {}
     for name in variants:
         resolved[name] = str(resolve_auto(plan, dtype, path, dev)) if name == "auto" else name
@@ -210,7 +198,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
             for t in (*state.out.peers, *stage.peers):
                 t.fill_(float("nan"))
             fn()
-            errs[name] = "" if name in CORES else delivered_error(name)
+            errs[name] = "" if name in CORES else delivered_error(plan, state, reference, resolved[name])
         except RuntimeError as e:  # cuDNN may refuse a layout: the row says so instead of the grid dying
             errs[name] = f"error: {str(e)[:80]}"
             print(f"  {name}: {errs[name]}", flush=True)
@@ -233,6 +221,26 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
                      "tflops": flops / t.median_ns / 1e3, "max_err": err, "exchange_ok": ok, "timed": timed[name]})
     ctx.close()
     return rows
+
+
+def delivered_error(plan, state, reference: torch.Tensor, exchange: str, *, stream_ordered: bool = True) -> float:
+    """The largest error of what every destination of a loopback group received, relative to the
+    largest value of `reference` (the gathered attention output of this rank's heads); inf where a
+    destination still holds NaN (the poison put there before the exchange ran).
+
+    A copy-engine exchange's rows are first moved by the stand-in receivers (`unpack_loopback`, in
+    stream order after the copies; `stream_ordered=False` only for tests of this check)."""
+    if not parse_exchange(exchange).in_kernel:
+        unpack_loopback(plan, state, stream_ordered=stream_ordered)
+    torch.cuda.synchronize()
+    h0, h1 = plan.head0[plan.rank], plan.head0[plan.rank + 1]
+    ref_max = reference.float().abs().max().item()
+    err = 0.0
+    for p in range(plan.world):
+        rows = slice(plan.tok0[p], plan.tok0[p + 1])
+        got = state.out.peers[p][:, :plan.seq_lens[p], h0:h1].to(reference.device).float()
+        err = max(err, float("inf") if got.isnan().any() else (got - reference[:, rows].float()).abs().max().item())
+    return err / ref_max
 
 
 def tuned_configs(*core_csvs) -> dict:
