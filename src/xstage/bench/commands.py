@@ -7,6 +7,8 @@ them (they import it for `add_grid_options`).
 
 from __future__ import annotations
 
+from xstage.results.select import only_spec
+
 WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of every grid
 
 
@@ -14,8 +16,8 @@ def add_grid_options(p) -> None:
     """Options every grid shares: output folder, slice filter, repeat counts, JSON summary."""
     p.add_argument("-o", "--out", required=True, help="output folder (CSV, plots, summary.md); a rerun resumes "
                    "where the CSV stops")
-    p.add_argument("--only", action="append", metavar="KEY=V1,V2", help="run only matching configurations; "
-                   "repeatable, all must match (default: the whole grid)")
+    p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="run only matching "
+                   "configurations; repeatable, all must match (default: the whole grid)")
     p.add_argument("--warmup", type=int, default=WARMUP, help="untimed runs per configuration (default %(default)s)")
     p.add_argument("--rep", type=int, default=REP, help="timed runs per configuration; median, p10 and p90 are "
                    "reported (default %(default)s)")

@@ -24,7 +24,7 @@ from xstage.probe.report import analyse
 from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
 from xstage.results.output import check_output_dir, emit
-from xstage.results.select import select
+from xstage.results.select import only_spec, select
 
 
 def _sm_count(args) -> int:
@@ -96,7 +96,7 @@ def register(sub) -> None:
     p.add_argument("--sweep", default="all", help="'all' or a comma list of: first, periodic, twoburst, "
                    "completion, knobs, peers (default %(default)s)")
     p.add_argument("-o", "--out", help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable")
-    p.add_argument("--only", action="append", metavar="KEY=V1,V2",
+    p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2",
                    help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...); repeatable "
                    "(default: all)")
     p.add_argument("--repeats", type=int, help="recorded launches per configuration (default per sweep)")

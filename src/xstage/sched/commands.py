@@ -28,6 +28,7 @@ from xstage.results.io import ResultWriter, write_csv_atomic
 from xstage.results.output import check_output_dir, check_output_file
 from xstage.results.plots import plot_lines
 from xstage.results.progress import Progress
+from xstage.results.select import only_spec
 from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
@@ -435,8 +436,8 @@ def register(sub) -> None:
     v.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
                    "validation.csv and validation.png (MoE) or validation-ulysses.csv are written in it (required)")
     _add_model_files(v, "the measured kernel (MoE or attention)")
-    v.add_argument("--only", action="append", metavar="KEY=V1,V2", help="validate only rows whose column KEY has "
-                   "one of the values; repeatable, all must match (default: every row)")
+    v.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="validate only rows whose "
+                   "column KEY has one of the values; repeatable, all must match (default: every row)")
     v.add_argument("--workers", type=int, default=1, help="processes for the MoE simulations, >= 1 (default: 1)")
     v.add_argument("--candidates", metavar="S1,S2", help="schedules a configuration needs measured to count for "
                    f"the pick accuracy (default: the planner's, {','.join(CANDIDATES)})")
