@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from xstage.cli import main
 
 
@@ -20,6 +22,13 @@ def test_env_json_reports_versions(capsys):
                                    for i in range(gpus)]
 
 
-def test_no_command_prints_help(capsys):
-    assert main([]) == 1
-    assert "usage" in capsys.readouterr().out
+@pytest.mark.parametrize("argv, choices", [
+    ([], "give a COMMAND, one of env, probe, bench, model, fit, plan, demo"),
+    (["plan"], "give a KERNEL, one of moe, ulysses, attention-costs, calibrate, validate"),
+    (["bench"], "give a GRID, one of ulysses, moe"),
+])
+def test_a_missing_subcommand_is_a_usage_error(argv, choices, capsys):
+    assert main(argv) == 2  # a user error, not exit 1 (an internal error)
+    cap = capsys.readouterr()
+    prog = " ".join(["xstage", *argv])
+    assert cap.out == "" and cap.err == f"{prog}: error: {choices} (see {prog} -h)\n"

@@ -44,19 +44,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+
+
+def _missing_subcommand(parser: argparse.ArgumentParser, words: list[str]) -> int:
+    """`xstage`, `xstage plan`, `xstage bench` without what to run: a usage error naming the choices."""
+    for w in words:
+        parser = _subcommands(parser).choices[w]
+    sub = _subcommands(parser)
+    try:
+        parser.error(f"give a {sub.metavar}, one of {', '.join(sub.choices)}")
+    except SystemExit as exc:
+        return int(exc.code)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns its exit status: 0 done, 1 nothing to do or an internal error (with its
-    traceback), 2 a user error (one line on standard error), 130 interrupted."""
+    """Run one command; returns its exit status: 0 done, 2 a user error (one line on standard error),
+    1 an internal error (with its traceback), 130 interrupted."""
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage errors (2), --help and --version (0): a status, also for callers in Python
         return int(exc.code or 0)
+    words = [str(w) for w in (getattr(args, d, None) for d in ("command", "grid", "kernel")) if w]
     if not getattr(args, "handler", None):
-        parser.print_help()
-        return 1
-    words = (getattr(args, d, None) for d in ("command", "grid", "kernel"))  # e.g. "xstage plan moe"
-    name = " ".join(["xstage", *(str(w) for w in words if w)])
+        return _missing_subcommand(parser, words)
+    name = " ".join(["xstage", *words])  # e.g. "xstage plan moe"
     try:
         return int(args.handler(args) or 0)
     except XstageError as exc:

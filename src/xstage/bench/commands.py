@@ -34,4 +34,3 @@ def register(sub, grid_modules) -> None:
     grids = p.add_subparsers(dest="grid", metavar="GRID")
     for module in grid_modules:
         module.register_bench(grids)
-    p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])

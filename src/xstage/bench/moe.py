@@ -218,7 +218,7 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
     `budget_s`. Each configuration runs in every dtype of `dtypes` in turn. Returns the summary
     (`xstage.bench.moe_summary.summarize`)."""
     if not torch.cuda.is_available():
-        raise InputError("bench moe: needs a CUDA GPU")
+        raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
     variants = [s if isinstance(s, Variant) else Variant.parse(s) for s in schedules]
     dtypes = [dtype_name(parse_dtype(d, allowed=(*DTYPE_MAP, *FP8_DTYPES))) for d in dtypes]
     blocks = block_per_dtype(block, dtypes)

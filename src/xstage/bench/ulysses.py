@@ -263,7 +263,7 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
     `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim;
     `grid`: "main" (the 54 configurations) or "calibration" (the planner's calibration shapes)."""
     if not torch.cuda.is_available():
-        raise InputError("bench ulysses: needs a CUDA GPU")
+        raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
     variants = check_variants(variants)
     out = Path(out_dir)
     writer = ResultWriter(out / "ulysses.csv", COLUMNS, KEY_COLUMNS, require_commit=True)
@@ -304,7 +304,7 @@ def run_core(out_dir, *, shapes=CORE_SHAPES, configs=None, warmup=3, rep=20,
     """Attention core (one head group over the whole sequence) against cuDNN SDPA, per config."""
 
     if not torch.cuda.is_available():
-        raise InputError("bench ulysses --core: needs a CUDA GPU")
+        raise InputError("--core needs a CUDA GPU")
     writer = ResultWriter(Path(out_dir) / "core.csv", CORE_COLUMNS, CORE_COLUMNS[:11], require_commit=True)
     dev = torch.device("cuda", torch.cuda.current_device())
     for (S, H, D) in shapes:

@@ -102,7 +102,7 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
         ctx = create_context(path=path, loopback_world=LOOPBACK_WORLD, rank=0)
     with ctx:
         if ctx.device.type != "cuda" and not allow_interpreter:
-            raise InputError("xstage probe: needs a CUDA GPU (in the CPU interpreter every timer reads 0)")
+            raise InputError("measuring needs a CUDA GPU (in the CPU interpreter every timer reads 0)")
         sm_count = _sm_count(ctx.device)
         planned = plan(sweeps, path, sm_count)
         keyed = [{"sweep": s, **c.fields()} for s, c in planned]

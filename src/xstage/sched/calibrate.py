@@ -50,7 +50,7 @@ def trace_tasks(shape: str, tokens: int, block_spec: str | None = None, reps: in
     import torch
 
     if not torch.cuda.is_available():
-        raise InputError("xstage plan calibrate: needs a CUDA GPU (the tiles are timed in the kernel)")
+        raise InputError("tile calibration needs a CUDA GPU (the tiles are timed in the kernel)")
     fp8 = dtype == "fp8"
     cfg = parse_block(block_spec, MoeShape.parse(shape).hidden, fp8=fp8)
     pb = Problem(shape, tokens, 1, "hbm", cfg, seed=seed, dtype=dtype)

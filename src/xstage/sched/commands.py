@@ -453,4 +453,3 @@ def register(sub) -> None:
     _add_calibration(v)
     _add_json(v)
     v.set_defaults(handler=run_validate)
-    p.set_defaults(handler=lambda args: (p.print_help(), 1)[1])
