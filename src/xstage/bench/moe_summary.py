@@ -20,6 +20,7 @@ from pathlib import Path
 from xstage.bench.moe_fp8_summary import fp8_sections
 from xstage.moe.problem import SHAPES
 from xstage.results import geomean, read_rows
+from xstage.results.output import write_text
 from xstage.results.plots import plot_lines
 
 __all__ = ["SUMMARY_INTRO", "SUMMARY_TITLE", "geomean", "summarize"]
@@ -236,7 +237,7 @@ def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -
         lines += ["", f"Machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
                       f"triton {env.get('triton')}, {env.get('date')}; commit {', '.join(commits)}; "
                       "block (BMxBN1xBN2xBK) per row in moe.csv."]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    write_text(out / "summary.md", "\n".join(lines) + "\n")
     host = [r for r in rows if r["dtype"] == "bf16" and int(r["ep"]) > 1 and r["path"] == "host"
             and r.get("time_ns") not in ("", None)]
     sp = _speedups(_times(host))

@@ -49,7 +49,7 @@ from xstage.comm import create_context
 from xstage.errors import InputError
 from xstage.model import load_default_profile
 from xstage.results.io import ResultWriter, read_rows
-from xstage.results.output import check_output_dir, emit
+from xstage.results.output import check_output_dir, emit, write_text
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
@@ -448,9 +448,7 @@ def write_report(out_dir) -> Path:
                   markdown_table(crow, ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n",
                                         "num_warps", "num_stages", "ctas_per_sm", "tma", "tflops",
                                         "ratio_vs_cudnn", "rel_err", "sass"]), ""]
-    path = out / "summary.md"
-    path.write_text("\n".join(lines))
-    return path
+    return write_text(out / "summary.md", "\n".join(lines))
 
 
 def _variant_list(text: str) -> list[str]:

@@ -22,7 +22,7 @@ import numpy as np
 from xstage.model.data import Observations
 from xstage.model.design import design_observations
 from xstage.model.predict import predict_rows
-from xstage.results.plots import pyplot
+from xstage.results.plots import pyplot, save_figure
 
 SPAN_LABELS = {(0, 0): "first burst", (1, 1): "second burst"}
 
@@ -59,10 +59,7 @@ def plot_issue_vs_burst(profile, data: Observations, out_png) -> str:
     ax.set_title(f"{profile.path}: measured (points) and model (lines, gap {g_max / 1e3:.0f} us)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
-    return str(out_png)
+    return str(save_figure(fig, out_png, dpi=120))
 
 
 def plot_issue_vs_gap(profile, data: Observations, out_png) -> str:
@@ -94,7 +91,4 @@ def plot_issue_vs_gap(profile, data: Observations, out_png) -> str:
     axes[0][0].set_ylabel("issue time, CTA median (ns)")
     axes[0][-1].legend(fontsize=7)
     fig.suptitle(f"{profile.path}: measured (points) and model (lines)")
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return str(out_png)
+    return str(save_figure(fig, out_png))

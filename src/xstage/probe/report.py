@@ -33,7 +33,8 @@ from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
 from xstage.model.predict import predict_rows
 from xstage.model.profile import Profile
 from xstage.probe.analysis import experiments, plot_experiments, read_summary, summarise_dir
-from xstage.results.plots import pyplot
+from xstage.results.output import write_text
+from xstage.results.plots import pyplot, save_figure
 from xstage.results.tables import markdown_table
 from xstage.version import __version__
 
@@ -165,12 +166,7 @@ def _plot_heldout(fit: dict, out_dir: Path) -> Path:
     ax.set_title(f"held-out configurations, path {fit['path']}: median |err| "
                  f"{100 * fit['heldout_median_rel_error']:.1f}%")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    out = out_dir / "plots" / "heldout_model_vs_measured.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out_dir / "plots" / "heldout_model_vs_measured.png")
 
 
 def compare_reference(exp: dict, path: str) -> list[dict]:
@@ -289,7 +285,7 @@ def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None 
     run = json.loads((out_dir / "run.json").read_text()) if (out_dir / "run.json").exists() else {}
     path = path or summary[0]["path"]
     exp = experiments(summary)
-    (out_dir / "experiments.json").write_text(json.dumps(exp, indent=1, default=str))
+    write_text(out_dir / "experiments.json", json.dumps(exp, indent=1, default=str))
     plots = [str(p) for p in plot_experiments(exp, out_dir)]
     fit_res, fit_error = None, (None if fit else "skipped (--no-fit)")
     if fit:
@@ -300,13 +296,13 @@ def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None 
     if fit_res is not None:
 
         Profile.from_dict(fit_res["profile"]).save(out_dir / "profile.json")
-        (out_dir / "fit.json").write_text(json.dumps({k: v for k, v in fit_res.items() if k != "profile"},
-                                                     indent=1, default=str))
+        write_text(out_dir / "fit.json", json.dumps({k: v for k, v in fit_res.items() if k != "profile"},
+                                                    indent=1, default=str))
         plots.append(str(_plot_heldout(fit_res, out_dir)))
     env = {k: summary[0].get(k, "") for k in ("gpu", "driver", "torch", "triton", "git_commit", "date")}
     ref = compare_reference(exp, path)
     md = _markdown(exp, fit_res, fit_error, env, run, ref)
-    (out_dir / "summary.md").write_text(md)
+    write_text(out_dir / "summary.md", md)
     text = [f"probe {path}: {len(summary)} summary rows in {out_dir}"]
     if fit_res is not None:
         p = fit_res["params"]

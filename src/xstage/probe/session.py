@@ -32,6 +32,7 @@ from xstage.model.data import LONG_COLUMNS
 from xstage.probe.runner import BurstConfig, dest_elems, launch, rows_from_launch
 from xstage.probe.sweeps import REPEATS, plan
 from xstage.results.io import ResultWriter
+from xstage.results.output import write_text
 from xstage.results.select import select
 
 LOOPBACK_WORLD = 2
@@ -160,5 +161,5 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
         bar.close()
         info["ns_per_cycle_median"] = float(np.median(ratios))
         if writer_rank:
-            (out_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
+            write_text(out_dir / "run.json", json.dumps(info, indent=2, default=str))
         return info

@@ -156,8 +156,9 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_open(path, newline: str | None = None):
-    """A text file that replaces `path` only when the block completes: a failure leaves `path` untouched.
+def atomic_open(path, newline: str | None = None, binary: bool = False):
+    """A text file (a binary one with `binary=True`) that replaces `path` only when the block completes:
+    a failure leaves `path` untouched.
 
     The file gets the permissions a plain `open` would give it (0666 less the umask), not the private
     0600 of the temporary file it is written through."""
@@ -165,7 +166,7 @@ def atomic_open(path, newline: str | None = None):
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
     try:
         os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", newline=newline) as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", newline=newline) as f:
             yield f
         os.replace(tmp, path)
     except BaseException:

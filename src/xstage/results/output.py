@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from xstage.errors import InputError
+from xstage.results.io import atomic_open
 
 
 def jsonable(x):
@@ -43,6 +44,14 @@ def to_json(payload, indent: int | None = 2) -> str:
 def emit(payload, as_json: bool, text: str) -> None:
     """Print `text` for people or `payload` as standard JSON for scripts."""
     print(to_json(payload) if as_json else text)
+
+
+def write_text(path, text: str) -> Path:
+    """Write `text` to `path` through a temporary file and a rename: never a half-written file."""
+    path = Path(path)
+    with atomic_open(path) as f:
+        f.write(text)
+    return path
 
 
 def _check_writable_folder(folder: Path, arg: str, target: Path) -> None:
@@ -95,4 +104,4 @@ def is_terminal(stream) -> bool:
         return False
 
 
-__all__ = ["check_output_dir", "check_output_file", "emit", "is_terminal", "jsonable", "to_json"]
+__all__ = ["check_output_dir", "check_output_file", "emit", "is_terminal", "jsonable", "to_json", "write_text"]

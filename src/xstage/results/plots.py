@@ -7,6 +7,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from xstage.results.io import atomic_open
+
 
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend. Loaded on first use: matplotlib is the slowest
@@ -19,14 +21,18 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, out_png: str | os.PathLike) -> Path:
-    """Lay out, write (creating the folder) and close a figure; returns the PNG path."""
+def save_figure(fig, out_png: str | os.PathLike, dpi: int = 110) -> Path:
+    """Lay out, write (creating the folder) and close a figure; returns the PNG path. The file is
+    replaced only once the image is complete (`atomic_open`)."""
     plt = pyplot()
     fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_open(out, binary=True) as f:
+            fig.savefig(f, format=out.suffix.lstrip(".").lower() or "png", dpi=dpi)
+    finally:
+        plt.close(fig)
     return out
 
 
