@@ -1,11 +1,15 @@
 """Every subcommand answers bad input with one line naming the problem and exit status 2: no traceback,
-nothing written, whatever the malformed input."""
+the command's name once, nothing written and nothing replaced, whatever the malformed input; and so it
+answers an output that would replace a file the user made, or one of the command's inputs."""
 
 import json
+import shutil
 
 import pytest
 
+from tests.sched.test_plan_inputs import _moe_csv, _moe_rows
 from xstage.cli import main
+from xstage.env import has_gpu
 
 GOOD_PROFILE = None
 
@@ -35,6 +39,12 @@ def files(tmp_path):
         (d / f"moe-{name}.csv").write_text(moe_cols + row.format(v=v, t=t))
     (d / "moe-no-time.csv").write_text("shape,H,I,E,K,tokens,ep,path,variant\nH512-I256-E16-K2,512,256,16,2,256,4,"
                                        "host,expert_wave\n")
+    # Files the user made where commands write (demo, model --plot, plan, bench summaries), and inputs.
+    for name in ("report.md", "host-issue-vs-burst.png", "plan_timeline.png", "summary.md", "moe-task-costs.json",
+                 "attention-task-costs.json"):
+        (d / name).write_text("made by the user\n")
+    _moe_csv(d / "validation.csv", _moe_rows())
+    shutil.copy("src/xstage/data/h200-hostlink-probe.csv", d / "probe.csv")
     return d
 
 
@@ -94,13 +104,49 @@ def _cases(d):
         ["plan", "attention-costs", str(d / "moe-abc.csv"), "-o", str(d / "existing.json")],
         ["demo", "-o", str(d / "existing.json")],
         ["demo", "-o", str(d / "afile" / "deeper")],
+        # no subcommand: a usage error, like any other
+        [],
+        ["plan"],
+        ["bench"],
+        # one --only parser: malformed spellings, and slices that select nothing
+        ["probe", "--plan", "--only", "n_sm==1"],
+        ["probe", "--plan", "--only", "n_sm=1,,2"],
+        ["probe", "--plan", "--only", "n_sm=7"],
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--only", "ep==4"],
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--only", "ep=3"],
+        ["bench", "moe", "-o", str(d / "x"), "--only", "tokens"],
+        ["bench", "moe", "-o", str(d / "x"), "--only", "tokens=3"],
+        ["bench", "ulysses", "-o", str(d / "x"), "--only", "P=3"],
+        # files the user made are not replaced without --force
+        ["demo", "-o", str(d)],
+        ["model", "--plot", str(d)],
+        ["plan", "moe", "--shape", "H512-I256-E16-K2", "--tokens", "64", "--ep", "4", "--plot", str(d)],
+        ["plan", "moe", "--shape", "H512-I256-E16-K2", "--tokens", "64", "--ep", "4", "--plot",
+         str(d / "plan_timeline.png")],
+        ["plan", "calibrate", "-o", str(d)],
+        ["plan", "attention-costs", str(d / "moe-abc.csv"), "-o", str(d)],
+        ["bench", "moe", "-o", str(d), "--summarize-only"],
+        ["bench", "ulysses", "-o", str(d), "--summarize-only"],
+        ["probe", "--analyse-only", "-o", str(d)],
+        # an input is never an output, not even with --force
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d), "--force"],
+        ["fit", str(d / "probe.csv"), "-o", str(d / "probe.csv"), "--force"],
+        ["model", "--plot", str(d), "--data", str(d / "host-issue-vs-burst.png"), "--force"],
     ]
+    if not has_gpu():  # where measuring would start, the missing GPU is the user error
+        cases += [["probe", "-o", str(d / "x")], ["bench", "moe", "-o", str(d / "x")],
+                  ["bench", "ulysses", "-o", str(d / "x")], ["bench", "ulysses", "-o", str(d / "x"), "--core"],
+                  ["plan", "calibrate", "-o", str(d / "x")]]
     return cases
+
+
+def _files(root) -> dict:
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
 
 
 def test_every_malformed_input_gets_one_line_and_status_2(files, capsys):
     failures = []
-    before = sorted(p.name for p in files.iterdir())
+    before = _files(files)
     for args in _cases(files):
         try:
             code = main(args)
@@ -111,5 +157,10 @@ def test_every_malformed_input_gets_one_line_and_status_2(files, capsys):
         lines = [line for line in err.splitlines() if line.strip()]
         if code != 2 or len(lines) != 1 or "Traceback" in err or "error" not in lines[0]:
             failures.append(f"{args}: exit {code}, stderr {err[-400:]!r}")
+            continue
+        prog, _, message = lines[0].partition(": error: ")
+        words = prog.split()
+        if words[:1] != ["xstage"] or any(message.startswith(f"{' '.join(words[i:])}:") for i in range(len(words))):
+            failures.append(f"{args}: the command's name is not said exactly once: {lines[0]!r}")
     assert not failures, "\n".join(failures)
-    assert sorted(p.name for p in files.iterdir()) == before  # nothing written, nothing overwritten
+    assert _files(files) == before  # nothing written, nothing replaced

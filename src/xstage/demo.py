@@ -7,7 +7,9 @@ markdown report into the output folder.
 
 The plan is what `xstage plan moe` plans for that configuration (`PLAN_COMMAND`): the same candidates
 (`xstage.moe.schedule.CANDIDATES`), the kernel's default pacing (`auto`), the profile's SM count as CTAs.
-The output folder is checked before any work; progress goes to standard error, none under `--json`.
+The output folder and its files (`DEMO_FILES`) are checked before any work: each is new or one `xstage
+demo` wrote before, unless `--force` (`xstage.results.output.Outputs`). Progress goes to standard
+error, none under `--json`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from xstage.model.params import PARAM_UNITS
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import CANDIDATES
 from xstage.results import emit, markdown_table
-from xstage.results.output import check_output_dir
+from xstage.results.output import Outputs, add_force_option, write_text
 from xstage.results.progress import Progress, say
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig
@@ -43,6 +45,8 @@ from xstage.sched.timeline import plot_timeline
 _PLAN_CONFIG = ("H4096-I2048-E256-K6", 2048, 8)
 _PLAN_PACING = "default"  # the path's fixed default pacing: one row per schedule
 PLAN_COMMAND = "xstage plan moe --shape {} --tokens {} --ep {} --pacing default".format(*_PLAN_CONFIG)
+REPORT, PLOTS = "report.md", ("issue_vs_burst.png", "issue_vs_gap.png", "plan_timeline.png")
+DEMO_FILES = (REPORT, *PLOTS)  # everything the demo writes in its folder
 
 
 def _fmt_value(v: float, unit: str) -> str:
@@ -102,7 +106,7 @@ def _plan_section(profile, out: Path, quiet: bool = False) -> tuple[list[dict], 
     table = [{"schedule": r.schedule, "time_us": r.time_ns / 1e3,
               "speedup_vs_expert_wave": wave.time_ns / r.time_ns,
               "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas} for r in rows]
-    png = plot_timeline(rows[0].result, out / "plan_timeline.png",
+    png = plot_timeline(rows[0].result, out / PLOTS[2],
                         title=f"{shape} T={tokens} EP={ep} over {profile.path}: {rows[0].schedule} (predicted)")
     return table, str(png), (f"{shape}, {tokens} tokens/rank, EP={ep}, {ctas} CTAs, remote stores over "
                              f"`{profile.path}`, store pacing {spec_of(pacing)} (GB/s:KiB). "
@@ -112,9 +116,15 @@ def _plan_section(profile, out: Path, quiet: bool = False) -> tuple[list[dict], 
 
 
 def run_demo(args) -> int:
+    outs = Outputs("xstage demo", force=args.force)
+    out = outs.folder(args.out, "-o", files=DEMO_FILES)
+    with outs:
+        payload, report = _demo(out, args.json)
+    emit(payload, args.json, report + f"\nwritten to {out}/")
+    return 0
 
-    out = check_output_dir(args.out)
-    quiet = args.json
+
+def _demo(out: Path, quiet: bool) -> tuple[dict, str]:
     profile = load_default_profile("host")
     params = _param_rows(profile)
     loco = profile.fit_quality.get("loco") or profile.fit_quality.get("heldout") or {}
@@ -123,9 +133,7 @@ def run_demo(args) -> int:
         quiet=quiet)
     pred = predict(profile, data)
     err = np.abs(np.asarray(pred["rel_error"], dtype=float))
-    out.mkdir(parents=True, exist_ok=True)
-    plots = [plot_issue_vs_burst(profile, data, out / "issue_vs_burst.png"),
-             plot_issue_vs_gap(profile, data, out / "issue_vs_gap.png")]
+    plots = [plot_issue_vs_burst(profile, data, out / PLOTS[0]), plot_issue_vs_gap(profile, data, out / PLOTS[1])]
     say(f"demo: planning the fused MoE kernel ({PLAN_COMMAND}: {len(CANDIDATES)} schedules)", quiet=quiet)
     plan_rows, plan_png, plan_title = _plan_section(profile, out, quiet)
     if plan_png:
@@ -155,17 +163,18 @@ def run_demo(args) -> int:
         "Plots: " + ", ".join(Path(p).name for p in plots),
     ]
     report = "\n".join(lines) + "\n"
-    (out / "report.md").write_text(report)
+    write_text(out / REPORT, report)
     payload = {"profile": profile.to_dict(), "in_sample_median_rel_error": float(np.median(err)),
-               "plan": plan_rows, "plots": [str(p) for p in plots], "report": str(out / "report.md")}
-    emit(payload, args.json, report + f"\nwritten to {out}/")
-    return 0
+               "plan": plan_rows, "plots": [str(p) for p in plots], "report": str(out / REPORT)}
+    return payload, report
 
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the default profile: parameters, held-out error, predictions, a plan, plots")
-    p.add_argument("-o", "--out", default="xstage-demo", metavar="DIR", help="output folder, created if missing; "
-                   "report.md and the PNG plots in it are replaced (default: ./xstage-demo)")
+    p.add_argument("-o", "--out", default="xstage-demo", metavar="DIR", help=f"output folder, created if missing; "
+                   f"writes {', '.join(DEMO_FILES)} in it, replacing only files that xstage demo wrote "
+                   "(default: ./xstage-demo)")
+    add_force_option(p)
     p.add_argument("--json", action="store_true", help="print one standard JSON document on standard output and "
                    "no progress (default: off, text for people)")
     p.set_defaults(handler=run_demo)

@@ -19,6 +19,7 @@ from xstage.model.intervals import MIN_BOOTSTRAP_ROUNDS, percentile_interval
 from xstage.model.params import PathParams
 from xstage.model.profile import Profile, load_default_profile
 from xstage.results.io import write_csv_atomic
+from xstage.results.output import MANIFEST
 
 KIB = 1024
 TRUTH = PathParams(r0=60e9, c_sm=64 * KIB, drain=100e9, capacity=2**20, t0=80.0)
@@ -89,7 +90,7 @@ def test_model_plot_json_lists_the_files(tmp_path, capsys):
     folder = tmp_path / "plots"
     assert main(["model", "--plot", str(folder), "--json"]) == 0
     payload = _strict_json(capsys.readouterr().out)
-    assert sorted(payload["plots"]) == sorted(str(p) for p in folder.iterdir())
+    assert sorted(payload["plots"]) == sorted(str(p) for p in folder.iterdir() if p.name != MANIFEST)
     assert all(Path(p).parent == folder for p in payload["plots"])
 
 

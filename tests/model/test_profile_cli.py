@@ -15,6 +15,7 @@ from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.params import PathParams
 from xstage.model.profile import Profile, load_default_profile, load_reference_profile
 from xstage.results.io import write_csv_atomic
+from xstage.results.output import MANIFEST
 
 KIB = 1024
 
@@ -103,10 +104,10 @@ def test_model_command_writes_plots_exactly_into_the_folder(tmp_path, capsys):
     folder = tmp_path / "new" / "plots"  # created, parents too
     assert main(["model", "--plot", str(folder)]) == 0
     out = capsys.readouterr().out
-    pngs = sorted(p.name for p in folder.iterdir())
+    pngs = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)  # the manifest records them
     assert pngs == ["host-issue-vs-burst.png", "host-issue-vs-gap.png"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
-    for p in folder.iterdir():
+    for p in folder.glob("*.png"):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"wrote {p}" in out  # the command names every file it wrote
 
@@ -125,9 +126,14 @@ def test_fit_command_writes_a_profile_and_keeps_old_output_on_failure(tmp_path, 
     before = out.read_text()
     bad = tmp_path / "bad.csv"
     bad.write_text("issue_median_ns,path\n5,host\n")
-    assert main(["fit", str(bad), "-o", str(out)]) == 2
-    assert "already exists" in capsys.readouterr().err  # checked before the data is even read
+    assert main(["fit", str(bad), "-o", str(out)]) == 2  # its own profile: a rerun may replace it, not a failed one
+    assert "missing column" in capsys.readouterr().err
     assert out.read_text() == before
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    assert main(["fit", str(bad), "-o", str(mine)]) == 2
+    assert "was not written by `xstage fit`" in capsys.readouterr().err  # checked before the data is even read
+    assert mine.read_text() == "{}"
     out2 = tmp_path / "prof2.json"
     assert main(["fit", str(bad), "-o", str(out2)]) == 2
     assert "missing column" in capsys.readouterr().err

@@ -23,8 +23,8 @@ def add_grid_options(p) -> None:
                    "reported (default %(default)s)")
     p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this many "
                    "seconds (default: no limit); rerun to continue")
-    p.add_argument("--summarize-only", action="store_true", help="only rewrite the summary from the CSV "
-                   "(no GPU needed)")
+    p.add_argument("--summarize-only", action="store_true", help="only write the summary and plots again from "
+                   "the CSV (no GPU needed)")
     p.add_argument("--json", action="store_true", help="print the summary as standard JSON")
 
 

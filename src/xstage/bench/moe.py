@@ -38,6 +38,7 @@ from xstage.bench.commands import add_grid_options
 from xstage.bench.moe_summary import summarize
 from xstage.dtypes import DTYPES as DTYPE_MAP
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
+from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.moe.baseline import ChainFP8, Unfused
 from xstage.moe.fused import launch_main, launch_reduce, plan
@@ -45,7 +46,7 @@ from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
 from xstage.moe.schedule import CANDIDATES
 from xstage.moe.variant import Variant, parse_variants
 from xstage.results import ResultWriter, Timing, emit, events, select, synchronize, time_device, timing_summary
-from xstage.results.output import check_output_dir
+from xstage.results.output import Outputs, add_force_option
 
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 EPS = (2, 4, 8)
@@ -55,6 +56,8 @@ COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "dtype", "varian
            "time_p90_ns", "reduce_ns", "tflops", "speedup", "rows", "remote_rows", "combine_link_ns", "block", "ctas",
            "max_err", "err_fp8_ref", "fro_f32"]
 KEYS = ["shape", "tokens", "ep", "path", "dtype", "variant"]
+RESULTS = "moe.csv"  # appended to by every run
+SUMMARY_FILES = ("summary.md", "speedup-*.png")  # written again from the CSV by every run
 
 
 def grid_configs() -> list[dict]:
@@ -223,7 +226,7 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
     dtypes = [dtype_name(parse_dtype(d, allowed=(*DTYPE_MAP, *FP8_DTYPES))) for d in dtypes]
     blocks = block_per_dtype(block, dtypes)
     out = Path(out_dir)
-    writer = ResultWriter(out / "moe.csv", COLUMNS, KEYS, require_commit=True)
+    writer = ResultWriter(out / RESULTS, COLUMNS, KEYS, require_commit=True)
     t0 = time.time()
     for c in select(grid_configs(), only):
         if budget_s is not None and time.time() - t0 > budget_s:
@@ -253,20 +256,29 @@ def register_bench(grids) -> None:
                    "default for fp8)")
     p.add_argument("--dtype", default="bf16", metavar="D1,D2", help="comma-separated dtypes, each configuration "
                    "measured in each in turn: bf16, fp8 (FP8 buffer, block-scaled e4m3 weights; default: %(default)s)")
+    add_force_option(p)
     p.set_defaults(handler=_handler)
 
 
 def _handler(args) -> int:
-    check_output_dir(args.out)
+    outs = Outputs("xstage bench moe", force=args.force)
+    # --summarize-only reads moe.csv; a run appends to it.
+    out = outs.folder(args.out, "-o", files=SUMMARY_FILES, append=() if args.summarize_only else [RESULTS])
     variants = parse_variants(args.schedules)
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     for d in dtypes or [""]:  # an unknown dtype fails here, before any GPU work
         parse_dtype(d, "--dtype", allowed=("bf16", *FP8_DTYPES))
     block_per_dtype(args.block, dtypes)  # a malformed --block fails here, before any GPU work
-    if args.summarize_only:
-        summary = summarize(args.out)
-    else:
-        summary = run_grid(args.out, args.only, args.path, variants, args.warmup, args.rep, args.budget_s,
-                           args.block, dtypes=dtypes)
-    emit(summary, args.json, (Path(args.out) / "summary.md").read_text())
+    select(grid_configs(), args.only)  # so does an --only that selects nothing
+    if args.summarize_only and not (out / RESULTS).is_file():
+        raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
+    if not args.summarize_only and not has_gpu():
+        raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
+    with outs:
+        if args.summarize_only:
+            summary = summarize(out)
+        else:
+            summary = run_grid(out, args.only, args.path, variants, args.warmup, args.rep, args.budget_s,
+                               args.block, dtypes=dtypes)
+    emit(summary, args.json, (out / "summary.md").read_text())
     return 0

@@ -46,10 +46,11 @@ from xstage.attention.ulysses import (
 )
 from xstage.bench.commands import add_grid_options
 from xstage.comm import create_context
+from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
 from xstage.results.io import ResultWriter, read_rows
-from xstage.results.output import check_output_dir, emit, write_text
+from xstage.results.output import Outputs, add_force_option, emit, write_text
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
@@ -77,6 +78,8 @@ KEY_COLUMNS = ["heads", "dim", "tokens", "P", "path", "variant"]
 COLUMNS = KEY_COLUMNS + ["exchange", "rank", "rank_heads", "block_m", "block_n", "num_warps", "num_stages", "grid",
                          "tiles", "tile_bytes", "remote_bytes", "time_ns", "p10_ns", "p90_ns", "tflops", "max_err",
                          "exchange_ok", "timed"]
+RESULTS, CORE_RESULTS = "ulysses.csv", "core.csv"  # appended to by the grid and by --core
+SUMMARY_FILES = ("summary.md", "speedup.png", "overhead.png")  # written again from the CSVs by every run
 CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n", "num_warps", "num_stages",
                 "ctas_per_sm", "tma", "time_ns", "tflops", "ratio_vs_cudnn", "rel_err", "sass"]
 SERIALS = (str(parse_exchange("serial:triton")), "serial:cudnn")
@@ -472,8 +475,18 @@ def _turns(text: str) -> int:
     return n
 
 
+def _outputs(args) -> tuple[Outputs, Path]:
+    """The files this run writes in `-o`, checked before any work; never one of its inputs."""
+    inputs = [("--calibration", args.calibration)] if not (args.core or args.summarize_only) else []
+    if args.tuned_from and not args.core and not args.summarize_only:
+        inputs += [("--tuned-from", t) for t in args.tuned_from]
+    outs = Outputs("xstage bench ulysses", force=args.force, inputs=inputs)
+    appended = [] if args.summarize_only else [CORE_RESULTS if args.core else RESULTS]
+    return outs, outs.folder(args.out, "-o", files=SUMMARY_FILES, append=appended)
+
+
 def _handler(args) -> int:
-    check_output_dir(args.out)
+    outs, out = _outputs(args)
     if args.turns > args.rep:
         raise InputError(f"--turns {args.turns}: at most --rep ({args.rep}) blocks of replays")
 
@@ -491,19 +504,27 @@ def _handler(args) -> int:
                 shapes = []
             if not shapes or any(len(t) != 3 for t in shapes):
                 raise InputError(f"--core-shapes {args.core_shapes!r}: expected TOKENSxHEADSxDIM[,...]")
-        run_core(args.out, shapes=shapes, warmup=args.warmup, rep=args.rep)
-    elif not args.summarize_only:
-        if args.calibration:
-            # `auto` rows follow the planner fitted on this calibration grid instead of the embedded one
-            res = load_results(args.calibration, kind="ulysses")
-            costs = fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
-                                       source=str(res.path))
-            register_chooser(chooser(costs))
-        run_grid(args.out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
-                 max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
-                 graphs=not args.eager, turns=args.turns)
-    summary = write_report(args.out)
-
+    measuring = not args.summarize_only
+    if measuring and not args.core:
+        select(grid_configs(args.grid_set), args.only)  # an --only that selects nothing fails here
+    if not measuring and not any((out / f).is_file() for f in (RESULTS, CORE_RESULTS)):
+        raise InputError(f"-o {out}: holds neither {RESULTS} nor {CORE_RESULTS}; run the grid first")
+    if measuring and not has_gpu():
+        raise InputError(f"{'--core ' if args.core else ''}needs a CUDA GPU (--summarize-only runs anywhere)")
+    res = load_results(args.calibration, kind="ulysses") if args.calibration and measuring and not args.core else None
+    with outs:
+        if args.core and measuring:
+            run_core(out, shapes=shapes, warmup=args.warmup, rep=args.rep)
+        elif measuring:
+            if res is not None:
+                # `auto` rows follow the planner fitted on this calibration grid instead of the embedded one
+                costs = fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
+                                           source=str(res.path))
+                register_chooser(chooser(costs))
+            run_grid(out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
+                     max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
+                     graphs=not args.eager, turns=args.turns)
+        summary = write_report(out)
     emit({"summary": str(summary)}, args.json, summary.read_text())
     return 0
 
@@ -537,5 +558,6 @@ def register_bench(grids) -> None:
     p.add_argument("--block-n", type=int, default=128, help="with --block-m: keys per step (default %(default)s)")
     p.add_argument("--num-warps", type=int, default=8, help="with --block-m: warps per program (default %(default)s)")
     p.add_argument("--num-stages", type=int, default=3, help="with --block-m: pipeline stages (default %(default)s)")
+    add_force_option(p)
     # Long sequences take up to 160 ms a run: this grid keeps fewer runs per configuration than the others.
     p.set_defaults(handler=_handler, warmup=2, rep=10)

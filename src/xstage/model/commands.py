@@ -7,12 +7,14 @@
 The embedded reference-fit host profile is regenerated from the packaged reference data with
 `xstage fit src/xstage/data/h200-hostlink-probe.csv -o h200-host-profile.json --path host
 --bootstrap 20 --compare-structures --workers 2` (then moved over `src/xstage/data/h200-host-profile.json`;
-`xstage fit` never overwrites a file).
+`xstage fit` replaces only a profile it wrote itself, unless `--force`).
 
 Checked before any work: every number (`--burst` whole bytes in 1 B..64 GiB, `--gap` in 0..60 s,
 `--sms` an integer in 1..4096, `--bootstrap` 0..10000, `--workers` 1..256), flags that need another
 (`--gap`/`--sms` need `--burst`, `--data` needs `--plot`), the profile (`Profile.load`) and where
-the output goes (`-o` a new file in an existing folder, `--plot` a folder). `xstage fit` states
+the output goes (`-o` a file in an existing folder, `--plot` a folder; an existing file is replaced only
+if the same command wrote it, or with `--force`, and never an input: `xstage.results.output.Outputs`).
+`xstage fit` states
 how many fits it will run and, after timing the first, about how long the rest take; it keeps
 finished bootstrap rounds in `PROFILE.json.bootstrap.jsonl` so that the same command, rerun after
 an interrupt, runs only the missing rounds (the file is removed once the profile is written).
@@ -36,7 +38,7 @@ from xstage.model.fit import STRUCTURES, BootstrapStore, fit_key
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.predict import simulate_launch, weighted_median
 from xstage.model.profile import PATHS, Profile, load_default_profile
-from xstage.results.output import check_output_dir, check_output_file, emit
+from xstage.results.output import Outputs, add_force_option, emit
 from xstage.results.progress import Progress, say
 
 KIB = 1024
@@ -47,6 +49,7 @@ MAX_BOOTSTRAP = 10_000
 MAX_WORKERS = 256
 PREDICT_BURSTS = 24  # bursts per SM in the simulated launch, like the reference probe
 STEADY_BURSTS = (12, 23)  # the bursts pooled for the steady state, like the reference probe
+PLOT_SUFFIXES = ("-issue-vs-burst.png", "-issue-vs-gap.png")  # `--plot DIR` writes <path><suffix> in DIR
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3,
                "kb": 1e3, "mb": 1e6, "gb": 1e9}
@@ -248,10 +251,13 @@ def run_model(args) -> int:
     nbytes = parse_size(args.burst, "--burst") if args.burst is not None else None
     gap = parse_time(args.gap if args.gap is not None else "0", "--gap")
     n_sm = parse_count(args.sms if args.sms is not None else 1, "--sms", 1, MAX_SMS)
-    plot_dir = check_output_dir(args.plot, "--plot") if args.plot else None
+    outs = Outputs("xstage model", force=args.force, inputs=[("--profile", args.profile), ("--data", args.data)])
+    plot_dir = outs.folder(args.plot, "--plot") if args.plot else None
     prof = _load_profile(args.profile)
     data = None
     if plot_dir is not None:
+        # The plots are named after the profile's path (host, peer, hbm).
+        outs.folder(plot_dir, "--plot", files=[f"{prof.path}{PLOT_SUFFIXES[0]}", f"{prof.path}{PLOT_SUFFIXES[1]}"])
         data = read_observations(args.data) if args.data else load_reference_data()
         data.for_path(prof.path)  # the data must hold the profile's path
     payload = {"profile": prof.to_dict()}
@@ -269,9 +275,9 @@ def run_model(args) -> int:
         payload["prediction"] = pr
         lines += _prediction_text(pr, n_sm) + [f"  note: {n}" for n in notes]
     if plot_dir is not None:
-        plot_dir.mkdir(parents=True, exist_ok=True)
-        files = [plot_issue_vs_burst(prof, data, plot_dir / f"{prof.path}-issue-vs-burst.png"),
-                 plot_issue_vs_gap(prof, data, plot_dir / f"{prof.path}-issue-vs-gap.png")]
+        with outs:
+            files = [plot_issue_vs_burst(prof, data, plot_dir / f"{prof.path}{PLOT_SUFFIXES[0]}"),
+                     plot_issue_vs_gap(prof, data, plot_dir / f"{prof.path}{PLOT_SUFFIXES[1]}")]
         payload["plots"] = [str(f) for f in files]
         lines += [f"wrote {f}" for f in files]
     emit(payload, args.json, "\n".join(lines))
@@ -303,10 +309,12 @@ def run_fit(args) -> int:
     bootstrap = parse_count(args.bootstrap, "--bootstrap", 0, MAX_BOOTSTRAP)
     workers = parse_count(args.workers, "--workers", 1, MAX_WORKERS)
     seed = parse_count(args.seed, "--seed", 0, 2**32 - 1)
-    out = check_output_file(args.output, "-o")
+    outs = Outputs("xstage fit", force=args.force, inputs=[("data", args.data)])
+    out = outs.file(args.output, "-o")
     ckpt = checkpoint_path(out)
     if ckpt.exists() and not ckpt.is_file():
         raise InputError(f"-o {out}: {ckpt} (where finished bootstrap rounds are kept) is not a file")
+    outs.file(ckpt, "-o", append=True)  # this command's own, kept across an interrupt
     obs = read_observations(args.data).for_path(args.path)
     structures = loco_structures(args.structure, args.loco, args.compare_structures)
     n_cfg = len(obs.configs())
@@ -330,35 +338,36 @@ def run_fit(args) -> int:
     if warning:
         say(warning)  # a warning about the result, shown even with --json (on standard error)
 
-    with Progress(total, "xstage fit", quiet=quiet) as bar:
+    with outs:  # records the profile, and the kept rounds of an interrupted fit
+        with Progress(total, "xstage fit", quiet=quiet) as bar:
 
-        def on_point_fit(seconds: float) -> None:
-            rest = n_boot * seconds / min(workers, max(n_boot, 1)) + n_loco * seconds / min(workers, max(n_cfg, 1))
-            if total > 1:
-                say(f"the point fit took {seconds:.1f} s; the other {total - 1} fits should take about "
-                    f"{_fmt_duration(rest)} (extrapolated from the point fit; bootstrap refits start from its "
-                    "optimum and are usually faster)", quiet=quiet)
-            bar.advance(1)
+            def on_point_fit(seconds: float) -> None:
+                rest = n_boot * seconds / min(workers, max(n_boot, 1)) + n_loco * seconds / min(workers, max(n_cfg, 1))
+                if total > 1:
+                    say(f"the point fit took {seconds:.1f} s; the other {total - 1} fits should take about "
+                        f"{_fmt_duration(rest)} (extrapolated from the point fit; bootstrap refits start from its "
+                        "optimum and are usually faster)", quiet=quiet)
+                bar.advance(1)
 
-        t0 = time.monotonic()
-        try:
-            prof = build_profile(obs, structure=args.structure, bootstrap=bootstrap, loco=args.loco,
-                                 compare_structures=args.compare_structures, workers=workers,
-                                 progress=_stage_callbacks(bar), seed=seed, store=store, on_point_fit=on_point_fit)
-        except KeyboardInterrupt:
-            if store is not None:
-                store.close()
-                done = len([r for r in store.rounds if r < bootstrap])
-                say(f"interrupted: {done} of {bootstrap} bootstrap rounds are kept in {ckpt}; rerun the same "
-                    "command to resume")
-            raise
-        finally:
-            if store is not None:
-                store.close()
-    check_output_file(out, "-o")  # still nothing there: a profile is never overwritten
-    prof.save(out)
-    if store is not None:
-        store.remove()
+            t0 = time.monotonic()
+            try:
+                prof = build_profile(obs, structure=args.structure, bootstrap=bootstrap, loco=args.loco,
+                                     compare_structures=args.compare_structures, workers=workers,
+                                     progress=_stage_callbacks(bar), seed=seed, store=store, on_point_fit=on_point_fit)
+            except KeyboardInterrupt:
+                if store is not None:
+                    store.close()
+                    done = len([r for r in store.rounds if r < bootstrap])
+                    say(f"interrupted: {done} of {bootstrap} bootstrap rounds are kept in {ckpt}; rerun the same "
+                        "command to resume")
+                raise
+            finally:
+                if store is not None:
+                    store.close()
+        outs.recheck(out)  # nothing else wrote it while the fits ran
+        prof.save(out)
+        if store is not None:
+            store.remove()
     say(f"fitted in {_fmt_duration(time.monotonic() - t0)}", quiet=quiet)
     emit(prof.to_dict(), args.json, "\n".join(_profile_text(prof) + [f"wrote {out}"]))
     return 0
@@ -384,11 +393,12 @@ def register(sub) -> None:
     p.add_argument("--plot", metavar="DIR",
                    help="folder (created if missing) to write two PNG plots into, issue time vs burst size and "
                         "vs gap, named <path>-issue-vs-burst.png and <path>-issue-vs-gap.png after the profile's store "
-                        "path (host, peer, hbm); same-named plots are "
-                        "replaced (default: no plots)")
+                        "path (host, peer, hbm); an existing plot is replaced only if this command wrote it, or "
+                        "with --force (default: no plots)")
     p.add_argument("--data", metavar="CSV",
                    help="measurements (long, summary or reference CSV) to draw with --plot (default: the packaged "
                         "H200 reference data)")
+    add_force_option(p)
     p.add_argument("--json", action="store_true",
                    help="print standard JSON on standard output instead of text (default: text)")
     p.set_defaults(handler=run_model)
@@ -404,8 +414,9 @@ def register(sub) -> None:
                     "the missing ones.")
     f.add_argument("data", help="CSV in the long, summary or reference format")
     f.add_argument("-o", "--output", required=True, metavar="PROFILE.json",
-                   help="profile JSON to write: a new file in an existing folder; an existing file is never "
-                        "overwritten (required, no default)")
+                   help="profile JSON to write, in an existing folder; an existing file is replaced only if "
+                        "this command wrote it (and nobody changed it since), or with --force, and never the data "
+                        "file (required, no default)")
     f.add_argument("--path", default="host", choices=list(PATHS),
                    help="store path whose rows are fitted (default host)")
     f.add_argument("--structure", default="full", choices=list(STRUCTURES),
@@ -430,4 +441,5 @@ def register(sub) -> None:
     f.add_argument("--json", action="store_true",
                    help="print the profile as standard JSON on standard output, no progress (default: text and "
                         "progress on standard error)")
+    add_force_option(f)
     f.set_defaults(handler=run_fit)

@@ -6,13 +6,16 @@
     xstage probe --analyse-only -o DIR                               # re-analyse recorded data
     torchrun --nproc-per-node 8 -m xstage probe --path peer --sweep all -o DIR
 
-Measuring needs a CUDA GPU; planning and analysis run anywhere.
+Measuring needs a CUDA GPU; planning and analysis run anywhere. The files of `-o DIR` (`OUTPUT_FILES`;
+`raw/` is appended to) are checked before any work: each is new or one `xstage probe` wrote before,
+unless `--force` (`xstage.results.output.Outputs`).
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -23,8 +26,15 @@ from xstage.model import load_default_profile
 from xstage.probe.report import analyse
 from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
-from xstage.results.output import check_output_dir, emit
+from xstage.results.output import Outputs, add_force_option, emit
+from xstage.results.progress import say
 from xstage.results.select import only_spec, select
+
+# What an analysis writes in -o DIR (summary.csv only when it is made from raw/*.csv), what a fit adds,
+# and what measuring writes (raw/ per sweep, appended to by every run).
+OUTPUT_FILES = ("summary.csv", "experiments.json", "summary.md", "plots/*.png")
+FIT_FILES = ("fit.json", "profile.json")
+RUN_FILE = "run.json"
 
 
 def _sm_count(args) -> int:
@@ -68,24 +78,44 @@ def run_probe(args) -> int:
         return 0
     if not args.out:
         raise InputError("-o/--out: required to measure or analyse")
-    out = check_output_dir(args.out)
-    rank = 0
-    if not args.analyse_only:
-
-        if args.path == "peer":
-            dist = _init_peer_group()
-            rank = dist.get_rank()
-        info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet)
-        if args.path == "peer":
-            dist.barrier()
-        if rank != 0:
-            return 0
-        if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
-            print(f"xstage probe: all {info['configs_skipped']} configurations already measured in {out}")
-
-    result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap)
+    measuring = not args.analyse_only
+    if measuring and not has_gpu():
+        raise InputError("measuring needs a CUDA GPU (in the CPU interpreter every timer reads 0); --plan and "
+                         "--analyse-only run anywhere")
+    outs, out = _outputs(args, sweeps, measuring)
+    rank, group = 0, None
+    if measuring and args.path == "peer":
+        group = _init_peer_group()
+        rank = group.get_rank()
+    if rank != 0:  # every rank measures in step; rank 0 writes
+        measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=False)
+        group.barrier()
+        return 0
+    with outs:
+        if measuring:
+            info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet)
+            if group is not None:
+                group.barrier()
+            if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
+                say(f"all {info['configs_skipped']} configurations already measured in {out}", quiet=args.json)
+        result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap)
     emit(result, args.json, result["text"])
     return 0
+
+
+def _outputs(args, sweeps: list[str], measuring: bool) -> tuple[Outputs, Path]:
+    """The files this run may write in `-o`, declared (and so checked) before any work."""
+    outs = Outputs("xstage probe", force=args.force)
+    out = outs.folder(args.out, "-o")
+    has_raw = any((out / "raw").glob("*.csv"))
+    if not measuring and not has_raw and not (out / "summary.csv").is_file():
+        raise InputError(f"-o {out}: holds neither raw/*.csv nor summary.csv; measure into it first")
+    # Without raw/*.csv (committed data) the analysis reads summary.csv instead of writing it.
+    files = [f for f in OUTPUT_FILES if f != "summary.csv" or measuring or has_raw]
+    files += [] if args.no_fit else list(FIT_FILES)
+    files += [RUN_FILE] if measuring else []
+    appended = [f"raw/{s}.{ext}" for s in sweeps for ext in ("csv", "done")] if measuring else []
+    return outs, outs.folder(out, "-o", files=files, append=appended)
 
 
 def register(sub) -> None:
@@ -95,7 +125,8 @@ def register(sub) -> None:
                    "(other GPUs over NVLink, under torchrun) (default %(default)s)")
     p.add_argument("--sweep", default="all", help="'all' or a comma list of: first, periodic, twoburst, "
                    "completion, knobs, peers (default %(default)s)")
-    p.add_argument("-o", "--out", help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable")
+    p.add_argument("-o", "--out", help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable: a "
+                   "rerun appends to raw/ and writes the rest again, replacing only files xstage probe wrote")
     p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2",
                    help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...); repeatable "
                    "(default: all)")
@@ -107,6 +138,7 @@ def register(sub) -> None:
     p.add_argument("--no-fit", action="store_true", help="skip fitting the profile")
     p.add_argument("--bootstrap", type=int, default=20, help="bootstrap rounds for parameter intervals; fewer "
                    "than 20 give a range, not a 95%% interval (default %(default)s)")
+    add_force_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: progress on standard error)")
     p.add_argument("--json", action="store_true", help="print the result as standard JSON")
     p.set_defaults(handler=run_probe)

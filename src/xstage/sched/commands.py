@@ -1,8 +1,10 @@
 """`xstage plan`: predicted time of every candidate schedule of the fused MoE or Ulysses kernel, the
 pick and a timeline plot; tile-cost calibration; validation against benchmark results.
 
-Every handler checks its arguments, output locations and input files before any simulation or
-measurement: a user error is one `InputError` line naming the argument (or file, line and column).
+Every handler checks its arguments, input files and output files before any simulation or
+measurement: a user error is one `InputError` line naming the argument (or file, line and column). An
+output file is new or one the same command wrote before, unless `--force`, and never one of the inputs
+(`xstage.results.output.Outputs`).
 Long work reports progress on standard error (`xstage.results.progress.Progress`), nothing under
 `--json`, whose standard output is one standard JSON document.
 """
@@ -14,7 +16,7 @@ from pathlib import Path
 from xstage.attention.exchange import parse_exchange
 from xstage.comm.pacing import spec_of
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
-from xstage.env import environment
+from xstage.env import environment, has_gpu
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
 from xstage.model.interference import load_default_interference
@@ -25,7 +27,7 @@ from xstage.moe.schedule import CANDIDATES, check_schedule
 from xstage.moe.variant import Variant
 from xstage.results import emit, markdown_table
 from xstage.results.io import ResultWriter, write_csv_atomic
-from xstage.results.output import check_output_dir, check_output_file
+from xstage.results.output import Outputs, add_force_option
 from xstage.results.plots import plot_lines
 from xstage.results.progress import Progress
 from xstage.results.select import only_spec
@@ -47,6 +49,9 @@ from xstage.sched.ulysses import attention_costs
 from xstage.sched.validate import fused_rows, validate_moe
 
 PLOT_NAME = "plan_timeline.png"  # what `--plot FOLDER` writes in the folder
+MOE_COSTS, MOE_TILES = "moe-task-costs.json", "moe-tiles.csv"  # what `plan calibrate -o DIR` writes
+ATTENTION_COSTS = "attention-task-costs.json"  # what `plan attention-costs -o DIR` writes
+VALIDATION = {"moe": ("validation.csv", "validation.png"), "ulysses": ("validation-ulysses.csv",)}
 
 
 # ---- argument checks (before any work) -------------------------------------------------------------
@@ -116,8 +121,8 @@ def exchange_list(text: str | None, default=EXCHANGE_CANDIDATES, flag: str = "--
                                                            "serial:cudnn,stores:paced:16", flag)]
 
 
-def plot_path(value: str | None) -> Path | None:
-    """Where `--plot` writes: PATH itself (a `.png` file, replaced if it exists), or
+def plot_path(outs: Outputs, value: str | None) -> Path | None:
+    """Where `--plot` writes, declared in `outs`: PATH itself (a `.png` file), or
     `PATH/plan_timeline.png` when PATH is an existing folder."""
     if value is None:
         return None
@@ -126,7 +131,7 @@ def plot_path(value: str | None) -> Path | None:
         p = p / PLOT_NAME
     elif p.suffix.lower() != ".png":
         raise InputError(f"--plot {value}: give a .png file path or an existing folder")
-    return check_output_file(p, "--plot", overwrite=True)
+    return outs.file(p, "--plot")
 
 
 def _load_profile(profile_path: str | None) -> Profile:
@@ -163,7 +168,8 @@ def run_plan_moe(args) -> int:
     seed = checked_int("--seed", args.seed, "routing seed", minimum=0)
     block_ms = block_m_list(args.block_m)
     candidates = schedule_list(args.candidates)
-    plot = plot_path(args.plot)
+    outs = Outputs("xstage plan moe", force=args.force, inputs=[("--profile", args.profile), ("--costs", args.costs)])
+    plot = plot_path(outs, args.plot)
     dtype = dtype_name(parse_dtype(args.dtype, "--dtype", allowed=("bf16", *FP8_DTYPES)))
     try:
         cfg = MoeConfig.parse(str(shape), tokens_per_rank=tokens, ep=ep, **moe_dtype_fields(dtype, shape.hidden))
@@ -181,18 +187,18 @@ def run_plan_moe(args) -> int:
         pacings = {args.pacing: _pacing("--pacing", args.pacing, profile.path, cfg.ep)}
     interference = None if args.no_interference else load_default_interference(profile.path)
     total = len(candidates) * len(block_ms or [cfg.block_m]) * len(pacings)
-    with Progress(total, "plan moe: candidates simulated", quiet=args.json) as bar:
+    with outs, Progress(total, "plan moe: candidates simulated", quiet=args.json) as bar:
         rows = plan_moe(cfg, profile.params, costs, ctas, candidates=candidates, block_ms=block_ms, seed=seed,
                         pacings=pacings, progress=bar.callback, interference=interference)
+        if plot is not None:
+            plot = plot_timeline(rows[0].result, plot, title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: "
+                                 f"{rows[0].schedule} (predicted)")
     table = [
         {"schedule": r.schedule, "pacing": r.pacing, "block_m": r.block_m, "time_us": r.time_ns / 1e3,
          "vs_best": r.rank_ns / rows[0].rank_ns, "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas,
          "wait_us_per_cta": r.breakdown["wait"] / 1e3 / ctas}
         for r in rows
     ]
-    if plot is not None:
-        plot = plot_timeline(rows[0].result, plot,
-                             title=f"{cfg.shape} T={cfg.tokens_per_rank} EP={cfg.ep}: {rows[0].schedule} (predicted)")
     pacing_text = ", ".join(f"{spec} = {spec_of(p)}" for spec, p in pacings.items())
     text = (f"{cfg.shape} {dtype}, {cfg.tokens_per_rank} tokens/rank, EP={cfg.ep}, {ctas} CTAs, "
             f"store pacing {pacing_text} (GB/s:KiB), interference {'on' if interference else 'off'}, "
@@ -207,7 +213,8 @@ def run_plan_moe(args) -> int:
 
 
 def run_calibrate(args) -> int:
-    out = check_output_dir(args.out)
+    outs = Outputs("xstage plan calibrate", force=args.force)
+    out = outs.folder(args.out, "-o", files=[MOE_COSTS], append=[MOE_TILES])
     shapes = [t.strip() for t in args.shapes.split(",") if t.strip()] if args.shapes else list(CALIBRATION_SHAPES)
     if not shapes:
         raise InputError(f"--shapes {args.shapes!r}: give at least one shape, e.g. H4096-I2048-E256-K6")
@@ -233,15 +240,15 @@ def run_calibrate(args) -> int:
     schedules = _checked_list(args.schedules, ["expert_wave"], check_schedule, "expert_wave,interleaved", "--schedules")
     if "expert_wave" not in schedules:
         raise InputError(f"--schedules {args.schedules!r}: include expert_wave, the order the tile costs are traced in")
-    with Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
+    if not has_gpu():
+        raise InputError("needs a CUDA GPU: the tiles are timed inside the kernel")
+    with outs, Progress(len(shapes) * len(tokens) * len(blocks), "calibrate: runs traced", quiet=args.json) as bar:
         costs, per_shape = calibrate_moe(shapes, tokens=tokens, block_specs=blocks, reps=reps,
                                          progress=bar.callback, model_shapes=model_shapes, dtype=dtype,
                                          schedules=schedules)
-    out.mkdir(parents=True, exist_ok=True)
-    costs.save(out / "moe-task-costs.json")
-    w = ResultWriter(out / "moe-tiles.csv", columns=list(per_shape[0]),
-                     key_columns=["shape", "block", "kind", "tokens"])
-    w.write_many(r for r in per_shape if not w.done(r))
+        costs.save(out / MOE_COSTS)
+        w = ResultWriter(out / MOE_TILES, columns=list(per_shape[0]), key_columns=["shape", "block", "kind", "tokens"])
+        w.write_many(r for r in per_shape if not w.done(r))
     table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate,
               "max_err": costs.quality[k]["max_abs_rel_error"]} for k, c in costs.kinds.items()]
     model_text = f"\ntile model {costs.provenance['tile_model']}"
@@ -249,7 +256,7 @@ def run_calibrate(args) -> int:
         model_text += ": " + ", ".join(f"{k} {getattr(costs.tile_model, k):.4g}" for k in costs.tile_model.CONSTANTS)
     emit({"costs": costs.to_dict(), "tiles": per_shape}, args.json,
          markdown_table(per_shape, list(per_shape[0])) + "\n\n" + markdown_table(table, list(table[0]))
-         + model_text + f"\nwritten to {out}/moe-task-costs.json")
+         + model_text + f"\nwritten to {out / MOE_COSTS}")
     return 0
 
 
@@ -284,15 +291,15 @@ def _exchange_costs(calibration: str | None):
 
 
 def run_attention_costs(args) -> int:
-    out = check_output_dir(args.out)
+    outs = Outputs("xstage plan attention-costs", force=args.force, inputs=[("results", args.results)])
+    out = outs.folder(args.out, "-o", files=[ATTENTION_COSTS])
     res = load_results(args.results, kind="ulysses")
-    costs = attention_costs(res.rows, source=str(res.path), lines=res.lines)
-    out.mkdir(parents=True, exist_ok=True)
-    costs.save(out / "attention-task-costs.json")
+    with outs:
+        costs = attention_costs(res.rows, source=str(res.path), lines=res.lines)
+        costs.save(out / ATTENTION_COSTS)
     table = [{"kind": k, "overhead_ns": c.overhead_ns, "rate": c.rate, **costs.quality[k]}
              for k, c in costs.kinds.items()]
-    emit(costs.to_dict(), args.json, markdown_table(table, list(table[0]))
-         + f"\nwritten to {out}/attention-task-costs.json")
+    emit(costs.to_dict(), args.json, markdown_table(table, list(table[0])) + f"\nwritten to {out / ATTENTION_COSTS}")
     return 0
 
 
@@ -303,7 +310,10 @@ def _with_provenance(rows: list[dict], env: dict) -> list[dict]:
 
 
 def run_validate(args) -> int:
-    out = check_output_dir(args.out)
+    outs = Outputs("xstage plan validate", force=args.force, inputs=[
+        ("results", args.results), ("--profile", args.profile), ("--costs", args.costs),
+        ("--calibration", args.calibration)])
+    outs.folder(args.out, "-o")  # a usable folder; its files are declared once the results' kind is known
     env = environment()
     workers = checked_int("--workers", args.workers, "processes")
     candidates = schedule_list(args.candidates)
@@ -313,30 +323,33 @@ def run_validate(args) -> int:
         raise InputError(f"--default-pacing {args.default_pacing}: {exc}") from None
     exchanges = exchange_list(args.exchange, default=(), flag="--exchange") if args.exchange else None
     res = load_results(args.results, only=args.only)
+    # The kind of results (read from the file's header) says which files are written.
+    out = outs.folder(args.out, "-o", files=VALIDATION[res.kind])
     params = _load_profile(args.profile).params
     if res.kind == "ulysses":
-        out_rows, summary = validate_exchange(res.rows, _exchange_costs(args.calibration), exchanges)
-        out_rows = _with_provenance(out_rows, env)
-        out.mkdir(parents=True, exist_ok=True)
-        write_csv_atomic(out / "validation-ulysses.csv", out_rows, list(out_rows[0]))
+        csv_path = out / VALIDATION["ulysses"][0]
+        with outs:
+            out_rows, summary = validate_exchange(res.rows, _exchange_costs(args.calibration), exchanges)
+            out_rows = _with_provenance(out_rows, env)
+            write_csv_atomic(csv_path, out_rows, list(out_rows[0]))
         emit({"exchanges": summary}, args.json, markdown_table(summary, list(summary[0]), floatfmt=".4g")
-             + f"\nwritten to {out}/validation-ulysses.csv")
+             + f"\nwritten to {csv_path}")
         return 0
     # Without --costs, each row's dtype takes its own embedded tile costs.
     costs = _load_costs(args.costs, "moe") if args.costs else {d: _load_costs(None, "moe", d) for d in ("bf16", "fp8")}
-    with Progress(len(fused_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
+    csv_path, png_path = (out / name for name in VALIDATION["moe"])
+    with outs, Progress(len(fused_rows(res.rows)), "validate: rows predicted", quiet=args.json) as bar:
         out_rows, summary = validate_moe(res.rows, params, costs, candidates=candidates,
                                          default_pacing=args.default_pacing, progress=bar.callback, workers=workers,
                                          source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes,
                                          interference=None if args.no_interference
                                          else load_default_interference(_load_profile(args.profile).path))
-    out_rows = _with_provenance(out_rows, env)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(out / "validation.csv", out_rows, list(out_rows[0]))
-    plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
-               ["shape", "schedule"], out / "validation.png", logx=True, hline=1.0,
-               ylabel="predicted / measured kernel time", title="MoE kernel: model vs measurement")
-    emit(summary, args.json, markdown_table([summary], list(summary)) + f"\nwritten to {out}/validation.csv")
+        out_rows = _with_provenance(out_rows, env)
+        write_csv_atomic(csv_path, out_rows, list(out_rows[0]))
+        plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
+                   ["shape", "schedule"], png_path, logx=True, hline=1.0,
+                   ylabel="predicted / measured kernel time", title="MoE kernel: model vs measurement")
+    emit(summary, args.json, markdown_table([summary], list(summary)) + f"\nwritten to {csv_path}")
     return 0
 
 
@@ -382,8 +395,10 @@ def register(sub) -> None:
                    f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
                    "or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
     _add_interference(m)
-    m.add_argument("--plot", metavar="PATH", help="write the best candidate's timeline here: a .png file "
-                   f"(replaced if it exists) or an existing folder (writes {PLOT_NAME} in it) (default: no plot)")
+    m.add_argument("--plot", metavar="PATH", help="write the best candidate's timeline here: a .png file, or an "
+                   f"existing folder (writes {PLOT_NAME} in it); an existing file is replaced only if this command "
+                   "wrote it, or with --force (default: no plot)")
+    add_force_option(m)
     _add_json(m)
     m.set_defaults(handler=run_plan_moe)
 
@@ -404,13 +419,16 @@ def register(sub) -> None:
                          "`xstage bench ulysses` CSV (no GPU)")
     a.add_argument("results", help="ulysses.csv written by `xstage bench ulysses` (required)")
     a.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
-                   "attention-task-costs.json is written in it (required)")
+                   f"{ATTENTION_COSTS} is written in it, replacing only a file this command wrote (required)")
+    add_force_option(a)
     _add_json(a)
     a.set_defaults(handler=run_attention_costs)
 
     c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
     c.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
-                   "moe-task-costs.json and moe-tiles.csv (resumed) are written in it (required)")
+                   f"{MOE_COSTS} and {MOE_TILES} (resumed) are written in it, replacing only files this command "
+                   "wrote (required)")
+    add_force_option(c)
     c.add_argument("--shapes", metavar="S1,S2", help="comma-separated MoE shapes H<hidden>-I<inter>-E<experts>-K<topk> "
                    f"(default: the benchmark shapes {','.join(CALIBRATION_SHAPES)})")
     c.add_argument("--tokens", default="4096", metavar="T1,T2", help="comma-separated token counts of the traced "
@@ -434,7 +452,9 @@ def register(sub) -> None:
                          "`xstage bench ulysses` results")
     v.add_argument("results", help="moe.csv or ulysses.csv written by `xstage bench` (required)")
     v.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
-                   "validation.csv and validation.png (MoE) or validation-ulysses.csv are written in it (required)")
+                   "validation.csv and validation.png (MoE) or validation-ulysses.csv are written in it, replacing "
+                   "only files this command wrote; never the RESULTS file (required)")
+    add_force_option(v)
     _add_model_files(v, "the measured kernel (MoE or attention)")
     v.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="validate only rows whose "
                    "column KEY has one of the values; repeatable, all must match (default: every row)")
