@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -75,7 +77,25 @@ def test_bad_inputs(device):
         flash_attention(q, q[:, :, :1], q[:, :, :1])
     with pytest.raises(InputError, match="kv_lens"):
         flash_attention(q, q, q, kv_lens=torch.tensor([1, 2], dtype=torch.int32))
-    with pytest.raises(InputError, match="softmax_scale"):
-        flash_attention(q, q, q, softmax_scale=-1.0)
+    for bad in (-1.0, "a", float("nan"), float("inf"), 0, False, [1.0]):
+        with pytest.raises(InputError, match=r"^softmax_scale: must be a finite positive number or None, got "):
+            flash_attention(q, q, q, softmax_scale=bad)
+    with pytest.raises(InputError, match="^k: key length must be at least 1"):
+        flash_attention(q, q[:, :0], q[:, :0])
     with pytest.raises(InputError, match="unit stride"):
         flash_attention(q.transpose(2, 3), q.transpose(2, 3), q.transpose(2, 3))
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("block_m", 24, "config.block_m=24: must be a power of two >= 16"),
+    ("block_n", 8, "config.block_n=8: must be a power of two >= 16"),
+    ("num_warps", 3, "config.num_warps=3: must be a power of two >= 1"),
+    ("num_stages", 0, "config.num_stages=0: must be >= 1"),
+    ("ctas_per_sm", -1, "config.ctas_per_sm=-1: must be >= 0"),
+    ("chunk_rows", 12, "config.chunk_rows=12: must be a power of two"),
+    ("block_m", 32.0, "config.block_m=32.0: must be an integer"),
+    ("use_tma", "yes", "config.use_tma='yes': must be None, True or False"),
+])
+def test_config_is_checked_when_made(field, value, match):
+    with pytest.raises(InputError, match="^" + re.escape(match)):
+        FlashConfig(**{field: value})

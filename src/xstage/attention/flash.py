@@ -78,6 +78,25 @@ class FlashConfig:
     use_tma: bool | None = None
     chunk_rows: int = 0
 
+    def __post_init__(self):
+        # A bad value is one line here, not a Triton compile error in the middle of an exchange.
+        for name in ("block_m", "block_n", "num_warps", "num_stages", "ctas_per_sm", "chunk_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InputError(f"config.{name}={value!r}: must be an integer")
+        for name, low in (("block_m", 16), ("block_n", 16), ("num_warps", 1)):
+            value = getattr(self, name)
+            if value < low or value & (value - 1):
+                raise InputError(f"config.{name}={value}: must be a power of two >= {low}")
+        if self.num_stages < 1:
+            raise InputError(f"config.num_stages={self.num_stages}: must be >= 1")
+        if self.ctas_per_sm < 0:
+            raise InputError(f"config.ctas_per_sm={self.ctas_per_sm}: must be >= 0 (0: one program per tile)")
+        if self.chunk_rows < 0 or self.chunk_rows & (self.chunk_rows - 1):
+            raise InputError(f"config.chunk_rows={self.chunk_rows}: must be a power of two (0: the default)")
+        if self.use_tma not in (None, True, False):
+            raise InputError(f"config.use_tma={self.use_tma!r}: must be None, True or False")
+
 
 def default_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> FlashConfig:
     """The tuned configuration for Hopper, small blocks in the CPU interpreter."""
@@ -343,26 +362,57 @@ def _signal_owners(p_sig_tab, p_sig, p_dst_row0, p_lo, p_hi):
             signal_add(peer_ptr(p_sig_tab, i_p, p_sig), 1)
 
 
-def _check_qkv(q, k, v):
+def check_tensors(q, k, v) -> None:
+    """What the kernel needs of q, k, v each and together, the sequence lengths aside: 4-D
+    `[B, S, H, D]` tensors of one supported dtype on one device, unit stride in D, a supported D."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise InputError(f"{name}: expected a 4-D tensor [B, S, H, D], got {getattr(t, 'shape', type(t))}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise InputError(f"{name}.dtype: must be one of float16, bfloat16, float32, got {t.dtype}")
-        if t.stride(-1) != 1:
+        if t.stride(-1) != 1 and t.numel() > 0:
             raise InputError(f"{name}: the head dimension D must have unit stride, got stride {t.stride(-1)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise InputError(f"q, k, v: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise InputError("q, k, v: must be on one device")
+    _refuse_interpreter_bf16("q", q.dtype)
+    D = q.shape[3]
+    if D not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"q: head dim D={D}: must be one of {SUPPORTED_HEAD_DIMS}")
+
+
+# TODO(shared bf16 check): switch to the shared helper of xstage.dtypes / xstage.backend at merge.
+def _refuse_interpreter_bf16(name: str, dtype: torch.dtype) -> None:
+    """bf16 cannot run in Triton's CPU interpreter: its tl.dot computes bf16 products wrongly (the
+    outputs are garbage, not merely imprecise), so the kernels would return wrong numbers."""
+    if dtype == torch.bfloat16 and interpreter_active():
+        raise InputError(f"{name}.dtype: bfloat16 cannot run in Triton's CPU interpreter (TRITON_INTERPRET=1), "
+                         "whose tl.dot computes bf16 wrongly; use float16 or float32 there, or run on a GPU")
+
+
+def _check_qkv(q, k, v):
+    check_tensors(q, k, v)
     B, _, H, D = q.shape
     if k.shape != v.shape or k.shape[0] != B or k.shape[2] != H or k.shape[3] != D:
         raise InputError(f"k, v: expected shape [{B}, S_k, {H}, {D}] matching q, got {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
-    if D not in SUPPORTED_HEAD_DIMS:
-        raise InputError(f"head dim D={D}: must be one of {SUPPORTED_HEAD_DIMS}")
     if k.shape[1] == 0:
         raise InputError("k: key length must be at least 1")
+
+
+def softmax_scale_value(softmax_scale, head_dim: int) -> float:
+    """The scale of the scores: `softmax_scale` as a float (None: `1/sqrt(head_dim)`); anything but a
+    finite positive real number is refused."""
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    try:
+        scale = None if isinstance(softmax_scale, (bool, str, bytes)) else float(softmax_scale)
+    except (TypeError, ValueError, RuntimeError):
+        scale = None
+    if scale is None or not math.isfinite(scale) or scale <= 0:
+        raise InputError(f"softmax_scale: must be a finite positive number or None, got {softmax_scale!r}")
+    return scale
 
 
 def _tma_view(t: torch.Tensor):
@@ -470,10 +520,7 @@ def trace_buffer(q: torch.Tensor, config: FlashConfig | None = None) -> torch.Te
 
 
 def _chunk_rows(cfg: FlashConfig, head_dim: int) -> int:
-    rows = cfg.chunk_rows or max(1, 2048 // head_dim)
-    if rows & (rows - 1) or rows < 1:
-        raise InputError(f"config.chunk_rows={cfg.chunk_rows}: must be a power of two")
-    return min(rows, cfg.block_m)
+    return min(cfg.chunk_rows or max(1, 2048 // head_dim), cfg.block_m)
 
 
 def flash_attention(
@@ -508,9 +555,9 @@ def flash_attention(
     _check_qkv(q, k, v)
     B, S_q, H, D = q.shape
     S_k = k.shape[1]
-    scale = 1.0 / math.sqrt(D) if softmax_scale is None else float(softmax_scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise InputError(f"softmax_scale: must be a positive finite number, got {softmax_scale}")
+    scale = softmax_scale_value(softmax_scale, D)
+    if config is not None and not isinstance(config, FlashConfig):
+        raise InputError(f"config: expected a FlashConfig, got {type(config).__name__}")
     if kv_lens is not None:
         if kv_lens.shape != (B,) or kv_lens.dtype not in (torch.int32, torch.int64):
             raise InputError(f"kv_lens: expected an int32 tensor of shape [{B}], got {kv_lens.dtype} "
