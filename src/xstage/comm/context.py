@@ -46,7 +46,20 @@ PATHS = ("hbm", "host", "peer")
 DEFAULT_SIGNAL_SLOTS = 4096
 # Arguments a rank can refuse on behalf of the group (`CommContext.refuse`): their position is the id
 # every rank decodes, so the list only grows at its end.
-REFUSABLE_ARGS = ["x", "topk_idx", "topk_weights", "w1t", "w2", "tokens"]
+REFUSABLE_ARGS = ["x", "topk_idx", "topk_weights", "w1t", "w2", "tokens",
+                  "q", "k", "v", "softmax_scale", "seq_lens", "exchange", "mode", "config", "dropout_p", "causal"]
+
+
+def refusable_id(arg: str) -> int:
+    """The id the group decodes for argument `arg` (past the list's end: an argument without a name)."""
+    return REFUSABLE_ARGS.index(arg) if arg in REFUSABLE_ARGS else len(REFUSABLE_ARGS)
+
+
+def refusal_error(rank: int, arg_id: int) -> InputError:
+    """The error of every rank but `rank`, which refused the argument with id `arg_id` and raises its own."""
+    name = REFUSABLE_ARGS[arg_id] if 0 <= arg_id < len(REFUSABLE_ARGS) else f"argument {arg_id}"
+    return InputError(f"rank {rank} refused its {name} (its own error says why); every rank of the group "
+                      "stops this call")
 # The progress watchdog of every device wait: give up after this long without the awaited counter
 # moving. Ranks sharing one GPU run in turns, so a peer can look idle for seconds; 20 s leaves room for
 # that and still names a dead rank well within a minute.
@@ -195,9 +208,7 @@ class CommContext:
         stage, peer = decode_error(code)
         if stage == STAGE_REFUSED:
             self.error.zero_()  # the call is abandoned on every rank; the group may go on
-            name = REFUSABLE_ARGS[arg] if 0 <= arg < len(REFUSABLE_ARGS) else f"argument {arg}"
-            raise InputError(f"rank {peer} refused its {name} (its own error says why); every rank of the group "
-                             "stops this call")
+            raise refusal_error(peer, arg)
         raise CommTimeoutError(
             f"rank {self.rank}: wait for peer {peer} timed out at stage {stage_name(stage)} "
             f"(stage id {stage}, path {self.path}, {count} wait(s) timed out)"
@@ -209,7 +220,7 @@ class CommContext:
         otherwise arrive at the call's barrier; the caller raises its own, more detailed error."""
         if self.path != "peer":
             return
-        arg_id = REFUSABLE_ARGS.index(arg) if arg in REFUSABLE_ARGS else len(REFUSABLE_ARGS)
+        arg_id = refusable_id(arg)
         refuse_kernel[(1,)](self._errors.ptrs, self.error, self.rank, self.world, arg_id, STAGE=STAGE_REFUSED,
                             num_warps=1)
         try:
