@@ -28,6 +28,8 @@ def test_custom_op_matches_the_function_and_compiles(device):
                           test_utils=("test_schema", "test_faketensor"))
     with pytest.raises(InputError, match="group_name"):
         torch.ops.xstage.ulysses_attention(q, k, v, "no-such-group")
+    with pytest.raises(InputError, match="^exchange 'bogus'"):
+        torch.ops.xstage.ulysses_attention(q, k, v, name, None, "bogus")
     ctx.close()
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from xstage.attention import UlyssesAttention, ulysses_attention, ulysses_reference
-from xstage.attention.exchange import parse_exchange
+from xstage.attention.exchange import parse_exchange, resolve_auto
 from xstage.attention.flash import FlashConfig, default_config
 from xstage.attention.layout import UlyssesPlan, pack_qkv, split_sizes, unpack_out, unpack_qkv
 from xstage.attention.ulysses import fused_state, loopback_index, run_fused
@@ -29,8 +29,9 @@ def test_split_sizes_and_tiles():
         assert tiles_touching(start, end, bm) == brute
 
 
-@pytest.mark.parametrize("world,H,seq", [(3, 5, [7, 6, 6]), (2, 4, [8, 8]), (4, 30, [5, 4, 4, 3])],
-                         ids=["P3-H5-uneven", "P2-H4-even", "P4-H30-uneven"])
+@pytest.mark.parametrize("world,H,seq", [(3, 5, [7, 6, 6]), (2, 4, [8, 8]), (4, 30, [5, 4, 4, 3]),
+                                         (4, 3, [2, 0, 3, 0]), (3, 6, [0, 2, 0])],
+                         ids=["P3-H5-uneven", "P2-H4-even", "P4-H30-uneven", "P4-H3-empty-ranks", "P3-H6-one-holder"])
 def test_pack_unpack_is_the_reference_permutation(world, H, seq):
     # every rank packs, a plain all-to-all moves the chunks, every rank unpacks: the gathered q of
     # rank r must be its heads over the whole sequence, and the post-attention path must invert it
@@ -196,13 +197,69 @@ def test_module_and_bad_inputs(device):
                 "overlap:cudnn:x:waves", "serial:cudnn:4", "overlap:cudnn:4:waves:1"):
         with pytest.raises(InputError, match="exchange"):
             ulysses_attention(x, x, x, comm=ctx, exchange=bad)
-    with pytest.raises(InputError, match="heads H=2"):
-        ulysses_attention(x, x, x, comm=create_context(path="hbm", loopback_world=4, device=device))
-    with pytest.raises(InputError, match="seq_lens"):
+    with pytest.raises(InputError, match="seq_lens: expected 2 non-negative"):
         ulysses_attention(x, x, x, comm=ctx, seq_lens=[16, 17, 3])
-    with pytest.raises(InputError, match="local shape"):
+    for bad in ([16, 1.5], "ab", [0, 0], 3):
+        with pytest.raises(InputError, match="seq_lens: expected 2 non-negative"):
+            ulysses_attention(x, x, x, comm=ctx, seq_lens=bad)
+    with pytest.raises(InputError, match=r"seq_lens: entry 1 \(this rank's\) is 10, but q holds 16 tokens"):
         ulysses_attention(x, x, x, comm=ctx, seq_lens=[10, 10])
+    # softmax_scale: one line naming it, never a raw float() error
+    for bad in ("a", float("nan"), float("inf"), 0.0, -1, True, [1.0]):
+        with pytest.raises(InputError, match=r"^softmax_scale: must be a finite positive number or None, got "):
+            ulysses_attention(x, x, x, comm=ctx, softmax_scale=bad)
+    with pytest.raises(InputError, match="^config: expected a FlashConfig"):
+        ulysses_attention(x, x, x, comm=ctx, config={"block_m": 32})
+    with pytest.raises(InputError, match=r"^k, v: expected the local shape of q \[1, 16, 2, 16\]"):
+        ulysses_attention(x, x[:, :8], x[:, :8], comm=ctx)
+    with pytest.raises(InputError, match="^q: head dim D=24"):
+        odd = _rand((1, 16, 2, 24), torch.float16, device, 0)
+        ulysses_attention(odd, odd, odd, comm=ctx)
     ctx.close()
+
+
+def test_bf16_is_refused_in_the_interpreter(device, monkeypatch):
+    # Triton's CPU interpreter computes bf16 tl.dot wrongly: refused by name before any work
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    x = torch.zeros(1, 16, 2, 16, dtype=torch.bfloat16, device=device)
+    from xstage.attention import flash_attention
+
+    with pytest.raises(InputError, match=r"^q\.dtype: bfloat16 cannot run in Triton's CPU interpreter"):
+        flash_attention(x, x, x)
+    ctx = create_context(path="hbm", loopback_world=2, rank=0, device=device)
+    with pytest.raises(InputError, match=r"^q\.dtype: bfloat16 cannot run in Triton's CPU interpreter"):
+        ulysses_attention(x, x, x, comm=ctx, exchange="serial")
+    ctx.close()
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_loopback_ranks_without_heads_or_tokens(rank, device):
+    # 4 ranks, 2 heads: ranks 2 and 3 own no head; rank 1 holds no token. Played as rank 0 (one head,
+    # stores to a rank without tokens) and as rank 3 (no head: computes nothing of its own, but the
+    # stand-in ranks' heads of its output still arrive), every exchange, against the reference.
+    world, H, seq = 4, 2, [3, 0, 2, 1]
+    plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")
+    assert plan.heads_of(rank) == (1 if rank == 0 else 0)
+    assert str(resolve_auto(plan, torch.float16, "hbm", torch.device(device))) == "serial"  # H < P
+    out_buf = fused_state(ctx, plan, torch.float16, default_config(32, torch.float16, torch.device(device)).block_m).out
+    for exchange in ("serial", "overlap", "stores", "auto"):
+        for t in out_buf.peers:
+            t.fill_(float("nan"))
+        out = ulysses_attention(q, k, v, comm=ctx, exchange=exchange, seq_lens=seq)
+        torch.testing.assert_close(out.double(), refs[rank], atol=2e-3, rtol=2e-3)
+        h0, h1 = plan.head0[rank], plan.head0[rank + 1]
+        for p in range(world):
+            if p != rank and exchange != "auto":
+                got = out_buf.peers[p][:, :seq[p], h0:h1]
+                torch.testing.assert_close(got.double(), refs[p][:, :, h0:h1], atol=2e-3, rtol=2e-3)
+    # a loopback group derives the stand-in ranks' tokens from the local shard: an empty one is refused
+    plan, (q, k, v), refs, ctx = _loopback_case(world, 0, H, seq, torch.float16, device, "hbm")
+    empty = q[:, :0]
+    lone = create_context(path="hbm", loopback_world=world, rank=1, device=device)
+    with pytest.raises(InputError, match="^seq_lens: a loopback context derives the stand-in ranks' tokens"):
+        ulysses_attention(empty, empty, empty, comm=lone, seq_lens=seq)
+    ctx.close()
+    lone.close()
 
 
 def test_exchange_spellings_round_trip():

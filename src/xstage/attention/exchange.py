@@ -9,7 +9,8 @@ Spellings (API `exchange=`, `xstage bench ulysses --exchange`, `xstage plan ulys
 - `stores[:burst | :paced[:R]]`: the Triton kernel stores each finished tile from its epilogue,
   whole (`burst`) or in chunks of R rows during the next tile's key loop (`paced`, the default);
 - `tma`: the Triton kernel sends each tile with bulk (TMA) stores from shared memory;
-- `auto`: the planner's pick for the call's shape, group size, path and dtype.
+- `auto`: the planner's pick for the call's shape, group size, path and dtype (`serial` when some rank
+  owns no head, H < P, which the planner does not model).
 
 `CORE` is the attention kernel: `triton` (`xstage.attention.flash`, the default) or `cudnn` (torch's
 scaled_dot_product_attention with the cuDNN backend; on a machine without a GPU torch's own SDPA
@@ -132,7 +133,11 @@ def register_chooser(fn) -> None:
 
 
 def resolve_auto(plan, dtype, path: str, device) -> Exchange:
-    """The planner's exchange for this call; never `auto` itself."""
+    """The planner's exchange for this call; never `auto` itself. With fewer heads than ranks some
+    ranks own no head, which the planner does not model (it predicts for ranks that each own one):
+    `serial` then."""
+    if plan.heads < plan.world:
+        return Exchange("serial")
     if _CHOOSER is None:
         raise InputError("exchange 'auto': no planner is registered; import xstage (or xstage.sched) first, "
                          "or name a mechanism: " + _FORMS)

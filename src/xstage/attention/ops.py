@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import torch
 
-from xstage.attention.exchange import parse_exchange
 from xstage.attention.ulysses import ulysses_attention
 from xstage.errors import InputError
 
@@ -38,7 +37,7 @@ def register_comm(name: str, ctx) -> str:
 @torch.library.custom_op("xstage::ulysses_attention", mutates_args=())
 def ulysses_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group_name: str,
                          softmax_scale: float | None = None, exchange: str = "auto") -> torch.Tensor:
-    parse_exchange(exchange)  # a bad spelling is one clear line before anything runs
+    # a bad exchange spelling is refused by ulysses_attention, on a group as one agreed line on every rank
     comm = _COMMS.get(group_name)
     if comm is not None:
         return ulysses_attention(q, k, v, comm=comm, softmax_scale=softmax_scale, exchange=exchange)

@@ -120,6 +120,8 @@ def default_blocks(plan: UlyssesPlan) -> int:
 
 def attend(core: str, q, k, v, out, *, softmax_scale=None, config: FlashConfig | None = None) -> None:
     """Attention of `q` against `k`, `v` (`[B, S, h, D]` views) written into `out` (same shape as q)."""
+    if out.numel() == 0:
+        return  # a rank without heads, or a block without rows: cuDNN may refuse an empty launch
     if core == "triton":
         flash_attention(q, k, v, softmax_scale=softmax_scale, out=out, config=config)
         return

@@ -17,8 +17,12 @@ Algorithm (P ranks, rank r owns heads `head0[r]:head0[r+1]` after the first exch
    - `auto` (the default): the planner's pick (`xstage.sched`).
 
 Any head count and sequence length work: heads and tokens are split with the first `n % P` ranks
-taking one more. The ranks' token counts are gathered from the group unless `seq_lens` gives them
-(pass it to save that collective, and always under CUDA graph capture when the counts differ).
+taking one more, so a rank may hold no token or own no head and still takes its part. Before any
+exchange the ranks agree on their inputs and gather their token counts in one small collective
+(`xstage.attention.inputs`): a rank that refuses its inputs makes every rank raise one agreed
+`InputError`. `seq_lens` gives the counts instead: with `check=False` no host collective runs (the
+refusals then stay local), and under CUDA graph capture, where none can run, it is needed whenever
+the counts differ.
 
 Groups: `group` (a ProcessGroup, default the world group) runs the pre-attention all-to-all through
 torch.distributed (NCCL, or gloo for ranks sharing one GPU) and the `overlap` and `stores`
@@ -26,7 +30,9 @@ exchanges through a `peer` `xstage.comm` context built on first use. `comm=` pas
 context (`path="host"` or `"hbm"`) lets one device play rank r of P: rank p holds the local shard
 shifted by p - r tokens (cyclically), so what peers would send is synthesized from local data, the
 rows for other ranks land in buffers on the chosen path, and the other ranks' heads of the
-returned output are computed by the Triton kernel outside the exchange.
+returned output are computed by the Triton kernel outside the exchange. Since the stand-in ranks'
+tokens come from the local shard, a loopback rank must hold at least one token (`seq_lens` may give
+other ranks none); a rank without tokens runs in a real group.
 
 Example (one device, loopback; runs in the CPU interpreter too):
     >>> import torch
@@ -49,10 +55,10 @@ import torch
 import torch.distributed as dist
 
 from xstage.attention.exchange import Exchange, parse_exchange, resolve_auto
-from xstage.attention.flash import FlashConfig, StoreRoute, _check_qkv, default_config, flash_attention
+from xstage.attention.flash import FlashConfig, StoreRoute, default_config, flash_attention
+from xstage.attention.inputs import agree, check_call
 from xstage.attention.layout import (
     UlyssesPlan,
-    check_local,
     empty_gathered_out,
     pack_qkv,
     split_sizes,
@@ -167,16 +173,22 @@ def loopback_gather(plan: UlyssesPlan, t: torch.Tensor) -> torch.Tensor:
 def loopback_index(plan: UlyssesPlan, device) -> torch.Tensor:
     s_r = plan.seq_lens[plan.rank]
     if s_r == 0:
-        raise InputError("loopback: the local shard must hold at least one token")
+        raise InputError(_LOOPBACK_EMPTY.format(rank=plan.rank))
     parts = [(torch.arange(s, device=device) + (p - plan.rank)) % s_r for p, s in enumerate(plan.seq_lens)]
     return torch.cat(parts)
+
+
+# A loopback group has one process: the stand-in ranks' tokens are the local ones, shifted.
+_LOOPBACK_EMPTY = ("seq_lens: a loopback context derives the stand-in ranks' tokens from the local shard, so "
+                   "rank {rank} (this one) must hold at least one token; run a rank without tokens in a real group")
 
 
 def _resolve(group, comm):
     if comm is not None:
         if group is not None:
             raise InputError("group, comm: pass one of them, not both")
-        return comm.world, comm.rank, comm, None
+        # a `peer` context's pre-attention all-to-all and agreement run on its own group
+        return comm.world, comm.rank, comm, None if comm.loopback else comm.group
 
     if not dist.is_available() or not dist.is_initialized():
         raise InputError("group: torch.distributed is not initialised; pass comm= (e.g. a loopback context)")
@@ -184,16 +196,8 @@ def _resolve(group, comm):
     return dist.get_world_size(group), dist.get_rank(group), None, group
 
 
-def _capturing(q: torch.Tensor) -> bool:
-    return q.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
-def _gather_seq_lens(s_r: int, world: int, group) -> list[int]:
-    """Every rank's token count (one small collective; pass `seq_lens` to avoid it)."""
-
-    lens: list = [None] * world
-    dist.all_gather_object(lens, int(s_r), group=group)
-    return [int(s) for s in lens]
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _group_context(group):
@@ -256,30 +260,58 @@ def ulysses_attention(
     that own its rows, one of the spellings of `xstage.attention.exchange` (`serial`, `overlap`,
     `stores`, `tma`, `auto`; None means `auto`, the planner's pick for this shape, group size, path
     and dtype). `mode` ("fused" or "serial") is deprecated: it maps to `stores:paced` and `serial`.
-    `seq_lens`: every rank's token count (default: gathered from the group, one small collective;
-    on a loopback context or during CUDA graph capture all equal to this rank's). `check`: after
-    the call, synchronise and raise `CommTimeoutError` if a wait on a peer timed out (skipped while a
-    CUDA graph is being captured; `serial` is bounded by the group's own timeout instead).
+    `softmax_scale`: a finite positive number (None: `1/sqrt(D)`). `seq_lens`: every rank's token
+    count (default: gathered from the group; on a loopback context or during CUDA graph capture all
+    equal to this rank's). A rank may hold no token, or own no head (H < P), and still takes its part.
+    `check`: after the call, synchronise and raise `CommTimeoutError` if a wait on a peer timed out
+    (skipped while a CUDA graph is being captured; `serial` is bounded by the group's own timeout
+    instead); on a group, when `seq_lens` is given, also agree on the inputs first.
+
+    Inputs on a group: a rank that refuses its inputs raises `InputError: rank R: <argument>: ...`
+    and every other rank `InputError: rank R refused its <argument> ...`, before any rank waits on a
+    peer, through one small all-gather that also collects the token counts (`xstage.attention.inputs`
+    says when it runs: not under CUDA graph capture, nor with `seq_lens` and `check=False`).
 
     Example: see the module docstring.
     """
-    _check_qkv(q, k, v)
-    ex = exchange_from_mode("auto" if exchange is None and mode is None else exchange, mode)
+    try:
+        ex, refusal = exchange_from_mode("auto" if exchange is None and mode is None else exchange, mode), None
+    except InputError as e:
+        ex, refusal = None, e
+    return _ulysses(q, k, v, group, ex, refusal, softmax_scale=softmax_scale, comm=comm, seq_lens=seq_lens,
+                    config=config, check=check)
+
+
+def _ulysses(q, k, v, group, ex: Exchange | None, refusal: InputError | None, *, softmax_scale, comm, seq_lens,
+             config, check):
+    """`ulysses_attention` with the exchange parsed, or the caller's refusal of its own arguments."""
     world, rank, ctx, group = _resolve(group, comm)
+    on_group = ctx is None or not ctx.loopback
+    scale = lens = None
+    if refusal is None:
+        try:
+            scale, lens = check_call(q, k, v, softmax_scale=softmax_scale, seq_lens=seq_lens, config=config,
+                                     world=world, rank=rank)
+            check_runnable(ex, q.device)
+        except InputError as e:
+            refusal = e
+    if not on_group:
+        if refusal is not None:
+            raise refusal
+        lens = lens or [q.shape[1]] * world
+        if lens[rank] == 0:
+            raise InputError(_LOOPBACK_EMPTY.format(rank=rank))
+    elif not _capturing() and (seq_lens is None or check):
+        lens = agree(refusal, q, ex, lens, world, rank, group)
+    elif refusal is not None:
+        raise InputError(f"rank {rank}: {refusal}") from None
     B, s_r, H, D = q.shape
-    if k.shape != q.shape:
-        raise InputError(f"k, v: expected the local shape of q {list(q.shape)}, got {list(k.shape)}")
-    if seq_lens is None:
-        seq_lens = [s_r] * world if ctx is not None or _capturing(q) else _gather_seq_lens(s_r, world, group)
-    seq_lens = [int(s) for s in seq_lens]
-    plan = UlyssesPlan(world, rank, B, seq_lens, H, D)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_local(plan, name, t)
+    plan = UlyssesPlan(world, rank, B, lens or [s_r] * world, H, D)
     cfg = config or default_config(D, q.dtype, q.device)
     if world == 1:
         out = torch.empty_like(q)
         attend("cudnn" if ex.mechanism in ("serial", "overlap") and ex.core == "cudnn" else "triton", q, k, v,
-               out, softmax_scale=softmax_scale, config=cfg)
+               out, softmax_scale=scale, config=cfg)
         return out
     path = ctx.path if ctx is not None else "peer"
     if ex.mechanism == "auto":
@@ -287,15 +319,15 @@ def ulysses_attention(
     check_runnable(ex, q.device)
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     kf = vf = None
-    if ctx is not None and ctx.loopback:
+    if not on_group:
         qf, kf, vf = (loopback_gather(plan, t) for t in (q, k, v))
         qg, kg, vg = qf[:, :, h0:h1], kf[:, :, h0:h1], vf[:, :, h0:h1]
     else:
         qg, kg, vg = _pre_alltoall(plan, q, k, v, group)
     out = torch.empty_like(q)
-    if ex.mechanism == "serial" and (ctx is None or not ctx.loopback):
+    if ex.mechanism == "serial" and on_group:
         og = empty_gathered_out(plan, q.dtype, q.device)
-        attend(ex.core, qg, kg, vg, og, softmax_scale=softmax_scale, config=cfg)
+        attend(ex.core, qg, kg, vg, og, softmax_scale=scale, config=cfg)
         recv = torch.empty(sum(plan.out_recv_splits()), dtype=q.dtype, device=q.device)
         send = og.transpose(0, 1).reshape(-1)  # [S, B, h_r, D] is contiguous: no copy
         dist.all_to_all_single(recv, send, plan.out_recv_splits(), plan.out_send_splits(), group=group)
@@ -304,17 +336,16 @@ def ulysses_attention(
         ctx = _group_context(group)
     state = fused_state(ctx, plan, q.dtype, cfg.block_m)
     if ex.in_kernel:
-        run_fused(state, ctx, qg, kg, vg, softmax_scale=softmax_scale, config=cfg, exchange=ex)
+        run_fused(state, ctx, qg, kg, vg, softmax_scale=scale, config=cfg, exchange=ex)
         # A copy, so that the next call's stores cannot overwrite what the caller holds.
         out.copy_(state.own_output())
     else:
         og = empty_gathered_out(plan, q.dtype, q.device)
         stage = stage_buffer(state, ctx)
         if ex.mechanism == "overlap":
-            run_overlap(plan, ex, qg, kg, vg, og, out[:, :, h0:h1], stage.peers, softmax_scale=softmax_scale,
-                        config=cfg)
+            run_overlap(plan, ex, qg, kg, vg, og, out[:, :, h0:h1], stage.peers, softmax_scale=scale, config=cfg)
         else:
-            attend(ex.core, qg, kg, vg, og, softmax_scale=softmax_scale, config=cfg)
+            attend(ex.core, qg, kg, vg, og, softmax_scale=scale, config=cfg)
             run_serial_copies(plan, og, out[:, :, h0:h1], stage.peers)
         if ctx.loopback:
             unpack_loopback(plan, state)
@@ -322,10 +353,10 @@ def ulysses_attention(
             # every rank's copies have landed: a device barrier on the stream, bounded by the watchdog
             ctx.barrier(host=False)
             unpack_stage(plan, stage.local, out, [s for s in range(world) if s != rank])
-    if check and not _capturing(q) and ex.mechanism != "serial":
+    if check and not _capturing() and ex.mechanism != "serial":
         ctx.check()
     if kf is not None:
-        _loopback_peer_heads(plan, q, kf, vf, out, softmax_scale, cfg)
+        _loopback_peer_heads(plan, q, kf, vf, out, scale, cfg)
     return out
 
 
@@ -408,12 +439,14 @@ class UlyssesAttention(torch.nn.Module):
 
     def forward(self, query, key, value, dropout_p: float = 0.0, softmax_scale: float | None = None,
                 causal: bool = False, seq_lens=None, **unused):
+        refusal = None
         if dropout_p != 0.0:
-            raise InputError(f"dropout_p={dropout_p}: only 0.0 is supported (inference)")
-        if causal:
-            raise InputError("causal=True: only non-causal attention is supported (DiT)")
-        return ulysses_attention(query, key, value, self.group, softmax_scale=softmax_scale, exchange=self.exchange,
-                                 comm=self.comm, seq_lens=seq_lens, config=self.config)
+            refusal = InputError(f"dropout_p={dropout_p}: only 0.0 is supported (inference)")
+        elif causal:
+            refusal = InputError("causal=True: only non-causal attention is supported (DiT)")
+        # a refusal here reaches the group like one of ulysses_attention's own
+        return _ulysses(query, key, value, self.group, self.exchange, refusal, softmax_scale=softmax_scale,
+                        comm=self.comm, seq_lens=seq_lens, config=self.config, check=True)
 
 
 __all__ = ["MODES", "FusedState", "UlyssesAttention", "check_runnable", "exchange_from_mode", "fused_state",
