@@ -45,6 +45,8 @@ def _values(rank, world, device, D, failures):
                     bm = default_config(D, dtype, torch.device(device)).block_m
                     fused_state(_group_context(torch.distributed.group.WORLD), plan, dtype, bm).out.local.fill_(
                         float("nan"))
+                    if device == "cuda":
+                        torch.cuda.synchronize()  # the fill lands before any peer can store
                     torch.distributed.barrier()
                 what = f"B={B} H={H} seq={seq} {dtype} {exchange} seq_lens {'given' if given else 'gathered'}"
                 try:
