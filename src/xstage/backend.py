@@ -6,6 +6,10 @@ kernel is decorated): on a machine without a CUDA GPU, with `TRITON_INTERPRET` u
 tests and small examples. The first kernel call there prints a one-time notice (`require`). Where
 `TRITON_INTERPRET=0` was set by hand on such a machine, `require` raises one line saying how to enable
 the interpreter instead of Triton's "0 active drivers".
+
+Triton's interpreter computes `tl.dot` on bf16 operands wrongly (errors of order 1e10; fp16 and fp32
+are right), so entry points whose kernels multiply in their dtype refuse bf16 there by name
+(`refuse_interpreter_bf16`) before any work, instead of returning garbage.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import sys
 
 import torch
 
+from xstage.dtypes import DTYPES
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 
@@ -40,3 +45,11 @@ def require() -> None:
     if not _noticed and not torch.cuda.is_available():
         _noticed.append(True)
         print(_NOTICE, file=sys.stderr)
+
+
+def refuse_interpreter_bf16(dtype, arg: str = "dtype") -> None:
+    """Raise one `InputError` line when `dtype` (a `torch.dtype` or its short name) is bf16 and kernels run
+    in Triton's CPU interpreter, whose bf16 `tl.dot` is wrong; `arg` names the argument."""
+    if interpreter_active() and (dtype is DTYPES["bf16"] or (isinstance(dtype, str) and dtype == "bf16")):
+        raise InputError(f"{arg}=bf16: dtype bf16 cannot run in Triton's CPU interpreter (its bf16 tl.dot is "
+                         "wrong); use fp16 or fp32 there")
