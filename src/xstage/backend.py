@@ -53,3 +53,29 @@ def refuse_interpreter_bf16(dtype, arg: str = "dtype") -> None:
     if interpreter_active() and (dtype is DTYPES["bf16"] or (isinstance(dtype, str) and dtype == "bf16")):
         raise InputError(f"{arg}=bf16: dtype bf16 cannot run in Triton's CPU interpreter (its bf16 tl.dot is "
                          "wrong); use fp16 or fp32 there")
+
+
+def resolve_device(device=None, arg: str = "device") -> torch.device:
+    """The device a context or buffer lives on: `device` checked (`"cpu"`, `"cuda"`, `"cuda:1"`, a
+    `torch.device`), or by default the current CUDA device, else the CPU (Triton's interpreter). A
+    CUDA device on a machine without one, or past the last GPU, is refused by name."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InputError(f"{arg}={device!r}: not a device; give 'cpu', 'cuda' or 'cuda:N' (default: the current "
+                         "CUDA device, else the CPU)") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise InputError(f"{arg}={device!r}: must be 'cpu' or a CUDA device ('cuda', 'cuda:N')")
+    if not torch.cuda.is_available():
+        raise InputError(f"{arg}={device!r}: no CUDA GPU here; give device='cpu' (Triton's CPU interpreter) or "
+                         "leave it out")
+    count = torch.cuda.device_count()
+    if dev.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= count:
+        raise InputError(f"{arg}={device!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
+    return dev

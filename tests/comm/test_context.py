@@ -69,11 +69,46 @@ def test_create_context_rejects_bad_input(kwargs, field):
         create_context(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(loopback_world=1.5), r"loopback_world=1\.5: must be an integer in 1\.\.1024 \(ranks of the group\)"),
+    (dict(loopback_world="2"), r"loopback_world='2': must be an integer"),
+    (dict(loopback_world=True), r"loopback_world=True: must be an integer"),
+    (dict(loopback_world=10**6), r"loopback_world=1000000: must be an integer in 1\.\.1024"),
+    (dict(loopback_world=2, rank=0.5), r"rank=0\.5: must be an integer in 0\.\.1 \(this rank, of loopback_world 2\)"),
+    (dict(loopback_world=2, rank=-1), r"rank=-1: must be an integer in 0\.\.1"),
+    (dict(timeout_ns=float("nan")), r"timeout_ns=nan: must be an integer in 1\.\.3600000000000 \(progress watchdog"),
+    (dict(timeout_ns=1e30), r"timeout_ns=1e\+30: must be an integer in 1\.\.3600000000000"),
+    (dict(timeout_ns=0), r"timeout_ns=0: must be an integer"),
+    (dict(signal_slots="abc"), r"signal_slots='abc': must be an integer in 1\.\.1048576 \(flags per rank\)"),
+    (dict(signal_slots=2**40), r"signal_slots=1099511627776: must be an integer in 1\.\.1048576"),
+    (dict(group="abc"), r"group='abc': must be a torch\.distributed ProcessGroup or None"),
+    (dict(device="abc"), r"device='abc': not a device; give 'cpu', 'cuda' or 'cuda:N'"),
+    (dict(device="meta"), r"device='meta': must be 'cpu' or a CUDA device"),
+])
+def test_create_context_checks_every_number_before_allocating(kwargs, message):
+    with pytest.raises(InputError, match="^" + message):
+        create_context(path="hbm", **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+def test_a_cuda_device_without_a_gpu_is_refused_by_name():
+    with pytest.raises(InputError, match=r"^device='cuda': no CUDA GPU here; give device='cpu'"):
+        create_context(path="hbm", device="cuda")
+
+
+def test_exact_integral_floats_are_the_integers_they_spell():
+    with create_context(path="hbm", loopback_world=3.0, rank=2.0, timeout_ns=2e9, signal_slots=8.0) as ctx:
+        assert (ctx.world, ctx.rank, ctx.timeout_ns, ctx.signal_pad.local.numel()) == (3, 2, 2_000_000_000, 8)
+        assert all(type(v) is int for v in (ctx.world, ctx.rank, ctx.timeout_ns))
+
+
 def test_alloc_rejects_bad_input():
     with create_context(path="hbm") as ctx:
         ctx.alloc("a", (2,), torch.float32)
         for args, field in [(("a", (2,), torch.float32), "name"), (("b", (0, 3), torch.float32), "shape"),
-                            (("c", (2,), torch.complex64), "dtype")]:
+                            (("c", (2,), torch.complex64), "dtype"), (("d", (2.5,), torch.float32), "shape"),
+                            (("e", (1 << 30, 1 << 30), torch.float32), "over the 1099511627776 bytes"),
+                            (("f", ("3",), torch.float32), "shape"), (("g", (), torch.float32), "shape")]:
             with pytest.raises(InputError, match=field):
                 ctx.alloc(*args)
 

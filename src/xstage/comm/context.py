@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from xstage.backend import resolve_device
+from xstage.bounds import INT64_MAX, MAX_RANKS, check_int
 from xstage.comm.barrier import STAGE_BARRIER, STAGE_REFUSED, barrier_kernel, refuse_kernel
 from xstage.comm.device import use_ptx, wait_bounds
 from xstage.comm.stages import decode_error, stage_name
@@ -64,6 +66,13 @@ def refusal_error(rank: int, arg_id: int) -> InputError:
 # moving. Ranks sharing one GPU run in turns, so a peer can look idle for seconds; 20 s leaves room for
 # that and still names a dead rank well within a minute.
 DEFAULT_TIMEOUT_NS = 20_000_000_000
+# A watchdog longer than an hour is a hang by another name; kernels compare it with int64 timer deltas.
+MAX_TIMEOUT_NS = 3600 * 10**9
+# Flags per rank: 4 MiB of int32 words, far above what any kernel here indexes (each loopback rank
+# holds a copy).
+MAX_SIGNAL_SLOTS = 1 << 20
+# One buffer's bytes on one rank: 1 TiB, beyond the memory of any GPU or host.
+MAX_ALLOC_BYTES = 1 << 40
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e4m3fn, torch.int8, torch.uint8,
            torch.int16, torch.int32, torch.int64)
 
@@ -173,11 +182,16 @@ class CommContext:
             raise InputError("context: closed; create a new one")
         if not isinstance(name, str) or not name or name in self._buffers:
             raise InputError(f"name {name!r}: must be a new non-empty string")
-        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-        if not shape or any(s <= 0 for s in shape):
-            raise InputError(f"shape {shape}: every dimension must be a positive integer")
+        dims = shape if isinstance(shape, (tuple, list)) else (shape,)
+        if not dims:
+            raise InputError(f"shape {shape!r}: give at least one dimension")
+        shape = tuple(check_int(s, f"shape[{i}]", 1, INT64_MAX, "elements") for i, s in enumerate(dims))
         if dtype not in _DTYPES:
             raise InputError(f"dtype {dtype}: must be one of {[str(d) for d in _DTYPES]}")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if nbytes > MAX_ALLOC_BYTES:
+            raise InputError(f"shape {shape}: {nbytes} bytes of {dtype}, over the {MAX_ALLOC_BYTES} bytes one "
+                             "buffer may take")
         handle = None
         if self.path == "peer":
             local, peers, handle = self._alloc_peer(name, shape, dtype)
@@ -275,6 +289,11 @@ class CommContext:
         return False
 
 
+def check_timeout_ns(value, arg: str = "timeout_ns") -> int:
+    """The progress watchdog of device waits: an integer number of ns in 1..`MAX_TIMEOUT_NS` (1 hour)."""
+    return check_int(value, arg, 1, MAX_TIMEOUT_NS, "progress watchdog of device waits, in ns")
+
+
 def _shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
 
@@ -294,21 +313,20 @@ def create_context(
     `peer` needs `torch.distributed` initialised (one process per rank; a gloo group works, also
     for several ranks on one GPU with TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1). `host` and `hbm`
     are loopback: this process plays rank `rank` (default: the group rank, else 0) of
-    `loopback_world` ranks (default: the group size, else 2). `device` defaults to the current CUDA
-    device, or the CPU when there is none (Triton interpreter).
+    `loopback_world` ranks (default: the group size, else 2; at most `MAX_RANKS`). `device` defaults to
+    the current CUDA device, or the CPU when there is none (Triton interpreter). `signal_slots` (flags
+    per rank, 1..`MAX_SIGNAL_SLOTS`) and `timeout_ns` (1 ns..1 h) are integers; every argument is checked
+    before anything is allocated.
     """
-    if path not in PATHS:
+    if not isinstance(path, str) or path not in PATHS:
         raise InputError(f"path {path!r}: must be one of {PATHS}")
-    if int(signal_slots) < 1:
-        raise InputError(f"signal_slots {signal_slots}: must be >= 1")
-    if int(timeout_ns) < 1:
-        raise InputError(f"timeout_ns {timeout_ns}: must be >= 1")
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else \
-            torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise InputError(f"group={group!r}: must be a torch.distributed ProcessGroup or None")
+    signal_slots = check_int(signal_slots, "signal_slots", 1, MAX_SIGNAL_SLOTS, "flags per rank")
+    timeout_ns = check_timeout_ns(timeout_ns)
+    if loopback_world is not None:
+        loopback_world = check_int(loopback_world, "loopback_world", 1, MAX_RANKS, "ranks of the group")
+    device = resolve_device(device)
     if path == "peer":
 
         if not dist.is_available() or not dist.is_initialized():
@@ -320,18 +338,16 @@ def create_context(
         if loopback_world is not None and loopback_world != g_world:
             raise InputError(f"loopback_world {loopback_world}: only for host/hbm (group has {g_world})")
         return CommContext(path=path, rank=g_rank, world=g_world, device=device, group=group,
-                           signal_slots=int(signal_slots), timeout_ns=timeout_ns)
+                           signal_slots=signal_slots, timeout_ns=timeout_ns)
     world = loopback_world
     if world is None:
-        world = _group_size(group) if group is not None else 2
-    if int(world) < 1:
-        raise InputError(f"loopback_world {world}: must be >= 1")
+        world = check_int(_group_size(group), "the group's size", 1, MAX_RANKS, "ranks of the group") \
+            if group is not None else 2
     if rank is None:
         rank = _group_rank(group) if group is not None else 0
-    if not 0 <= int(rank) < int(world):
-        raise InputError(f"rank {rank}: must be in 0..{int(world) - 1} (loopback_world {world})")
-    return CommContext(path=path, rank=int(rank), world=int(world), device=device, group=None,
-                       signal_slots=int(signal_slots), timeout_ns=timeout_ns)
+    rank = check_int(rank, "rank", 0, world - 1, f"this rank, of loopback_world {world}")
+    return CommContext(path=path, rank=rank, world=world, device=device, group=None,
+                       signal_slots=signal_slots, timeout_ns=timeout_ns)
 
 
 def _group_size(group) -> int:

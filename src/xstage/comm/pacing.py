@@ -27,17 +27,28 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import triton
 import triton.language as tl
 
+from xstage.bounds import check_real
 from xstage.comm.device import globaltimer
 from xstage.errors import InputError
 
 FS_PER_S = 10**15
 MIN_RATE = 1e9  # B/s: slower pacing would turn a 64 KiB tile into a wait of more than 64 us
+# B/s: twice the device memory bandwidth of the fastest GPU (8 TB/s on a B200); a faster pace never
+# waits, and the kernel's integer pace (fs per byte) keeps 1% resolution up to it.
+MAX_RATE = 1e13
+# Bytes ahead of the pace: 1 GiB, hundreds of times any store path's shared level (~3 MB on the H200
+# host link); a larger budget never waits either.
+MAX_BUDGET = 1 << 30
+GB, KIB = 1e9, 1024
+
+
+RATE_MEANING = "pace of the remote stores"
+BUDGET_MEANING = "bytes the stores may run ahead of the pace"
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,10 @@ class StorePacing:
     budget: float
 
     def __post_init__(self):
-        if not (isinstance(self.rate, (int, float)) and math.isfinite(self.rate) and self.rate >= MIN_RATE):
-            raise InputError(f"StorePacing.rate={self.rate!r}: must be a finite rate >= {MIN_RATE:.0e} B/s")
-        if not (isinstance(self.budget, (int, float)) and math.isfinite(self.budget) and self.budget >= 0):
-            raise InputError(f"StorePacing.budget={self.budget!r}: must be a finite number of bytes >= 0")
+        object.__setattr__(self, "rate", check_real(self.rate, "StorePacing.rate", MIN_RATE, MAX_RATE,
+                                                    RATE_MEANING, "B/s"))
+        object.__setattr__(self, "budget", check_real(self.budget, "StorePacing.budget", 0, MAX_BUDGET,
+                                                      BUDGET_MEANING, "B"))
 
     def kernel_args(self) -> tuple[int, int]:
         """(femtoseconds per byte, budget in ns): the integers `pace_stores` takes."""
@@ -92,14 +103,21 @@ def parse_pacing(spec: str, default: StorePacing | None = None) -> StorePacing |
     try:
         if not sep:
             raise ValueError
-        return StorePacing(rate=float(rate) * 1e9, budget=float(budget) * 1024)
+        rate, budget = float(rate), float(budget)
     except ValueError:
         raise InputError(f"pacing {spec!r}: expected {PACING_SPEC_HELP}") from None
+    try:
+        rate = check_real(rate, "RATE_GBPS", MIN_RATE / GB, MAX_RATE / GB, RATE_MEANING, "GB/s")
+        budget = check_real(budget, "BUDGET_KIB", 0, MAX_BUDGET // KIB, BUDGET_MEANING, "KiB")
+    except InputError as exc:
+        raise InputError(f"pacing {spec!r}: {exc}") from None
+    return StorePacing(rate=rate * GB, budget=budget * KIB)
 
 
 def spec_of(pacing: StorePacing | None) -> str:
-    """The `parse_pacing` spec of `pacing`."""
-    return "off" if pacing is None else f"{pacing.rate / 1e9:g}:{pacing.budget / 1024:g}"
+    """The `parse_pacing` spec of `pacing` (the rate to 6 digits; budgets, whole KiB as a rule, in full so
+    that the largest still reads back)."""
+    return "off" if pacing is None else f"{pacing.rate / GB:g}:{pacing.budget / KIB:.10g}"
 
 
 def pacing_args(pacing: StorePacing | None) -> tuple[int, int]:
