@@ -56,7 +56,7 @@ from xstage.errors import InputError
 from xstage.model import closed_form as cf
 from xstage.model import intervals as iv
 from xstage.model.data import Observations
-from xstage.model.params import NS, PathParams
+from xstage.model.params import NS, PathParams, clamp
 from xstage.model.predict import DEFAULT_CLASSES, predict_rows
 from xstage.version import __version__
 
@@ -114,7 +114,7 @@ def _decode(x: np.ndarray, names, base: PathParams) -> PathParams:
         vals["r_fast"] = vals.get("r0", base.r0) + vals["r_fast"]
     if "spread" in vals:
         vals["spread"] = 1.0 + vals["spread"]
-    return base.replace(**vals)
+    return base.replace(**{n: clamp(n, v) for n, v in vals.items()})
 
 
 def config_weights(obs: Observations) -> np.ndarray:
@@ -171,9 +171,9 @@ def initial_guess(obs: Observations) -> PathParams:
     bh, th = _first_burst_curve(obs, n_hi)
     drain = n_hi * (bh[-1] - bh[-2]) / max(th[-1] - th[-2], 1e-3) / NS if len(bh) >= 2 else r0
     nb = obs.burst_bytes * obs.ctas_per_sm
-    return PathParams(r0=r0, c_sm=float(np.median(nb)), drain=max(drain, 1e-3 * r0),
-                      capacity=float(np.median(obs.n_sm * nb)), t0=t0, latency=0.0, r_fast=r_fast,
-                      b_fast=float(np.min(nb)))
+    guess = dict(r0=r0, c_sm=float(np.median(nb)), drain=max(drain, 1e-3 * r0),
+                 capacity=float(np.median(obs.n_sm * nb)), t0=t0, latency=0.0, r_fast=r_fast, b_fast=float(np.min(nb)))
+    return PathParams(**{n: clamp(n, float(v)) for n, v in guess.items()})
 
 
 def _window_grid(obs: Observations, p0: PathParams, names) -> list[PathParams]:

@@ -32,7 +32,9 @@ On the 20 host configurations the median / p90 relative error is 29% / 90% for t
   show). `spread = 1` is equal sharing.
 
 `c_sm` and `capacity` may be `math.inf` (no window: a path with no backpressure at that level is
-valid). Units: bytes, bytes/s, ns.
+valid). Units: bytes, bytes/s, ns. Every field lies in a physical range (`RANGES`), checked when the
+parameters are built (from a profile or by hand): rates in 1 MB/s..1 PB/s, windows in 1 B..1 PiB,
+times in 0..1 s, `spread` in 1..10^4, so that no prediction turns into inf or NaN.
 
 Example:
     >>> from xstage.model.params import PathParams
@@ -43,9 +45,11 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
+from xstage.bounds import MAX_SMS, check_int, check_real
 from xstage.errors import InputError
 
 NS = 1e-9
@@ -55,6 +59,33 @@ PARAM_UNITS = {
     "r0": "B/s", "c_sm": "B", "drain": "B/s", "capacity": "B", "t0": "ns", "latency": "ns",
     "r_fast": "B/s", "b_fast": "B", "spread": "ratio",
 }
+
+
+# A store path slower than 1 MB/s or faster than 1 PB/s (200x an H200's device memory) is a broken
+# measurement or a typo; a window of 1 PiB is beyond any memory, yet whole bytes in a float (wider is
+# `inf`); one second of fixed cost per burst, or a drain split more unequally than 10^4 : 1 between
+# SMs, is no GPU's. (lo, hi, inf allowed) per field:
+MIN_RATE, MAX_RATE = 1e6, 1e15
+MAX_WINDOW = float(2**50)
+MAX_TIME_NS = 1e9
+MAX_SPREAD = 1e4
+RANGES = {
+    "r0": (MIN_RATE, MAX_RATE, False), "c_sm": (1.0, MAX_WINDOW, True), "drain": (MIN_RATE, MAX_RATE, False),
+    "capacity": (1.0, MAX_WINDOW, True), "t0": (0.0, MAX_TIME_NS, False), "latency": (0.0, MAX_TIME_NS, False),
+    "r_fast": (MIN_RATE, MAX_RATE, True), "b_fast": (0.0, MAX_WINDOW, False), "spread": (1.0, MAX_SPREAD, False),
+}
+MEANINGS = {
+    "r0": "issue rate of one SM", "drain": "drain rate of the path", "c_sm": "outstanding bytes per SM",
+    "capacity": "outstanding bytes of the path", "t0": "fixed cost per burst", "latency": "completion latency",
+    "r_fast": "issue rate of the first stage", "b_fast": "bytes of the first stage",
+    "spread": "drain sharing between SMs",
+}
+
+
+def clamp(name: str, value: float) -> float:
+    """`value` moved into the range of field `name`: for fitters, whose search may step outside."""
+    lo, hi, allow_inf = RANGES[name]
+    return value if allow_inf and value == math.inf else min(max(value, lo), hi)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,24 +103,14 @@ class PathParams:
     spread: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("r0", "drain"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-                raise InputError(f"PathParams.{name} must be a finite rate > 0 B/s, got {v!r}")
-        for name in ("c_sm", "capacity"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v > 0) or math.isnan(v):
-                raise InputError(f"PathParams.{name} must be a window > 0 bytes (inf allowed), got {v!r}")
-        for name in ("t0", "latency", "b_fast"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
-                raise InputError(f"PathParams.{name} must be finite and >= 0, got {v!r}")
-        if not (isinstance(self.r_fast, (int, float)) and self.r_fast >= self.r0) or math.isnan(self.r_fast):
+        for name, (lo, hi, allow_inf) in RANGES.items():
+            v = check_real(getattr(self, name), f"PathParams.{name}", lo, hi, MEANINGS[name], PARAM_UNITS[name],
+                           allow_inf)
+            object.__setattr__(self, name, v)
+        if self.r_fast < self.r0:
             raise InputError(f"PathParams.r_fast must be >= r0 ({self.r0:g} B/s), got {self.r_fast!r}")
         if self.b_fast > 0 and math.isinf(self.r_fast):
             raise InputError("PathParams.r_fast must be finite when b_fast > 0 (a first stage has a rate)")
-        if not (isinstance(self.spread, (int, float)) and 1.0 <= self.spread < math.inf):
-            raise InputError(f"PathParams.spread must be a finite ratio >= 1, got {self.spread!r}")
 
     def replace(self, **changes) -> PathParams:
         return dataclasses.replace(self, **changes)
@@ -134,9 +155,11 @@ class PathParams:
         r0, the first stage and t0 stay per SM. Exact only for `spread == 1` (unequal sharing breaks
         the symmetry).
         """
-        if n_sm < 1:
-            raise InputError(f"n_sm must be >= 1, got {n_sm}")
-        return dataclasses.replace(
-            self, drain=self.drain / n_sm, c_sm=min(self.c_sm, self.capacity / n_sm),
-            capacity=min(self.c_sm, self.capacity / n_sm), spread=1.0,
-        )
+        n_sm = check_int(n_sm, "n_sm", 1, MAX_SMS, "SMs issuing together")
+        # One SM's share, derived from checked parameters: below the ranges a path is given in, so built
+        # without their check.
+        share = copy.copy(self)
+        window = min(self.c_sm, self.capacity / n_sm)
+        for name, v in (("drain", self.drain / n_sm), ("c_sm", window), ("capacity", window), ("spread", 1.0)):
+            object.__setattr__(share, name, v)
+        return share
