@@ -332,14 +332,14 @@ CHAIN_FROB_TOL = 8e-2
 
 
 def test_fp8_chain_refuses_a_device_without_scaled_grouped_mm():
-    pb = Problem("H256-I128-E4-K2", 8, 1, "hbm", device="cpu", dtype="bf16")
+    pb = Problem("H256-I128-E4-K2", 8, 1, "hbm", device="cpu", dtype="fp8")  # bf16 x and weights; no bf16 buffer on CPU
     with pytest.raises(InputError, match=r"device=cpu: the FP8 chain needs torch._scaled_grouped_mm"):
         ChainFP8(Unfused(pb, "hbm"))
 
 
 def test_fp8_chain_with_an_emulated_grouped_gemm(monkeypatch):
     monkeypatch.setattr(baseline, "_scaled_grouped_mm_or_refuse", lambda device: emulated_scaled_grouped_mm)
-    pb = Problem("H256-I128-E4-K2", 48, 1, "hbm", device="cpu", dtype="bf16")
+    pb = Problem("H256-I128-E4-K2", 48, 1, "hbm", device="cpu", dtype="fp8")
     ch = ChainFP8(Unfused(pb, "hbm"))
     out = ch.chain(ch.x_sorted)
     assert out.dtype == torch.bfloat16 and out.shape == (pb.T * pb.K, pb.H)

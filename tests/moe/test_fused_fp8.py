@@ -95,10 +95,10 @@ def test_fp8_inputs_that_cannot_run_are_refused_before_any_launch():
         fused_moe((x8, xs.double()), idx, w, w1t, w2, buf)
     with pytest.raises(InputError, match="x: expected dtype"):
         fused_moe(x.float(), idx, w, w1t, w2, buf)
-    bf16 = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype="bf16",
+    fp16 = MoEBuffer(8, E, K, H, I, LoopbackGroup(R), device="cpu", dtype="fp16",
                      config=dataclasses.replace(CFG, num_stages=2))
     with pytest.raises(InputError, match="needs an FP8 buffer"):
-        fused_moe(x, idx, w, w1t, w2, bf16)
+        fused_moe(x, idx, w, w1t, w2, fp16)
     with pytest.raises(InputError, match="l1_scale, l2_scale"):
         transform_weights(l1, l2, CFG.block_n1)
     with pytest.raises(InputError, match="block_n1=64"):
@@ -151,8 +151,9 @@ def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
     kw = dict(num_max_tokens_per_rank=1024, num_experts=64, topk=4, hidden=1024, intermediate=512,
               group=LoopbackGroup(8, path="host"), device="cpu")
     fp8 = _buffer_config(MoEBuffer(dtype="fp8", **kw), 1024)
-    same_blocks = dataclasses.replace(MoEBuffer(dtype="fp8", **kw).cfg, num_stages=2)  # bf16 tiles take 2x the bytes
-    bf16 = _buffer_config(MoEBuffer(dtype="bf16", config=same_blocks, **kw), 1024)
+    same_blocks = dataclasses.replace(MoEBuffer(dtype="fp8", **kw).cfg, num_stages=2)  # 2-byte tiles take 2x the bytes
+    # A 2-byte buffer, as the planner sees a bf16 one (fp16: bf16 buffers are refused in the CPU interpreter).
+    bf16 = _buffer_config(MoEBuffer(dtype="fp16", config=same_blocks, **kw), 1024)
     assert (fp8.elem_bytes, fp8.store_elem_bytes, bf16.elem_bytes, bf16.store_elem_bytes) == (1, 2, 2, 2)
     work = {c.elem_bytes: moe_work(c, "lag:1", load_default_costs("moe"), 8).all_tasks() for c in (fp8, bf16)}
     # the same remote bytes (BF16 combine rows), and GEMM tiles no slower with 1-byte operands
@@ -163,7 +164,7 @@ def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
     from xstage.sched.plan import _costs
 
     costs8 = _costs(MoEBuffer(dtype="fp8", **kw))
-    assert costs8.provenance["dtype"] == "fp8" and _costs(MoEBuffer(dtype="bf16", config=same_blocks, **kw)) != costs8
+    assert costs8.provenance["dtype"] == "fp8" and _costs(MoEBuffer(dtype="fp16", config=same_blocks, **kw)) != costs8
     assert {r["elem_bytes"] for r in costs8.table} == {1} and {r["block"] for r in costs8.table} == {fp8.block}
 
 

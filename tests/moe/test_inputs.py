@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe.buffer import BlockConfig
 from xstage.moe.problem import parse_block
@@ -12,17 +13,20 @@ from xstage.moe.schedule import make_schedule
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("block_m", 24, "block_m=24.*power of two >= 16"),
-    ("block_m", 8, "block_m=8.*>= 16"),
+    ("block_m", 24, r"block_m=24.*power of two in 16\.\.1024"),
+    ("block_m", 8, r"block_m=8.*in 16\.\.1024"),
+    ("block_m", 2**40, r"block_m=1099511627776: block size must be a power of two in 16\.\.1024"),
     ("block_n1", 0, "block_n1=0"),
     ("block_n2", 96, "block_n2=96"),
     ("block_k", -64, "block_k=-64"),
     ("block_k", 64.0, "block_k=64.0"),
     ("block_d", 48, "block_d=48"),
     ("num_warps", 3, "num_warps=3.*power of two"),
-    ("num_warps", 64, "num_warps=64.*<= 32"),
-    ("num_stages", 0, "num_stages=0.*>= 1"),
-    ("ctas_per_sm", -1, "ctas_per_sm=-1.*>= 0"),
+    ("num_warps", 64, r"num_warps=64.*in 1\.\.32"),
+    ("num_stages", 0, r"num_stages=0: must be an integer in 1\.\.16 \(pipeline stages\)"),
+    ("num_stages", 10**18, r"num_stages=1000000000000000000: must be an integer in 1\.\.16"),
+    ("ctas_per_sm", -1, r"ctas_per_sm=-1: must be an integer in 0\.\.32"),
+    ("ctas_per_sm", 99, r"ctas_per_sm=99: must be an integer in 0\.\.32"),
     ("ctas_per_sm", 1.5, "ctas_per_sm=1.5"),
     ("tma", "yes", "tma='yes'"),
     ("block_m", True, "block_m=True"),
@@ -96,3 +100,123 @@ def test_reference_refuses_malformed_topk_idx():
         reference_moe_virtual(xs, idx[:1], ws, l1, l2)
     with pytest.raises(InputError, match=r"topk_idx: expert id 99 is outside \[0, 8\)"):
         loopback_inputs(xs[0], torch.tensor([[0, 99]]), ws[0][:1], l1[0], l2[0], num_ranks=4)
+
+
+# ---- MoEBuffer, Problem and fused_moe: every number, the group, the device and the dtype -----------
+
+def _buffer(**kw):
+    from xstage.moe.buffer import LoopbackGroup, MoEBuffer
+
+    args = dict(num_max_tokens_per_rank=8, num_experts=4, topk=2, hidden=64, intermediate=32,
+                group=LoopbackGroup(2), device="cpu", dtype="fp16",
+                config=BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32))
+    args.update(kw)
+    if args["device"] is None:  # left out, as a caller would
+        del args["device"]
+    return MoEBuffer(**args)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(group="abc"), r"^group='abc': must be a LoopbackGroup, a torch\.distributed ProcessGroup or None$"),
+    (dict(timeout_ns=float("nan")), r"^timeout_ns=nan: must be an integer in 1\.\.3600000000000"),
+    (dict(timeout_ns=0.5), r"^timeout_ns=0\.5: must be an integer"),
+    (dict(num_max_tokens_per_rank=1.5), r"^num_max_tokens_per_rank=1\.5: must be an integer in 1\.\.1048576"),
+    (dict(num_max_tokens_per_rank=2**63), r"^num_max_tokens_per_rank=9223372036854775808: must be an integer"),
+    (dict(num_experts="4"), r"^num_experts='4': must be an integer in 1\.\.4096"),
+    (dict(topk=9), r"^topk=9: must be an integer in 1\.\.4 \(experts per token, at most num_experts\)"),
+    (dict(hidden=10**9), r"^hidden=1000000000: must be an integer in 1\.\.65536"),
+    (dict(intermediate=float("inf")), r"^intermediate=inf: must be an integer"),
+    (dict(pool_bytes=1e300), r"^pool_bytes=1e\+300: must be an integer in 1\.\.9223372036854775807"),
+    (dict(pacing="50:1e300"), r"^pacing '50:1e300': BUDGET_KIB=1e\+300: must be a finite number in 0\.\.1048576 KiB"),
+    (dict(pacing="1e290:128"), r"^pacing '1e290:128': RATE_GBPS=1e\+290: must be"),
+    (dict(device="abc"), r"^device='abc': not a device"),
+    (dict(config="64:128"), r"^config='64:128': must be a BlockConfig or None$"),
+    (dict(num_max_tokens_per_rank=1 << 20, num_experts=4096, topk=4096, group=None),
+     r"^num_max_tokens_per_rank=1048576: 1 ranks x 1048576 tokens x top-4096 make \d+ row slots, over the "
+     r"2147483647 int32 row indices hold$"),
+])
+def test_buffer_checks_every_argument_before_allocating(kw, match):
+    with pytest.raises(InputError, match=match):
+        _buffer(**kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_ranks=1.5), r"^LoopbackGroup num_ranks=1\.5: must be an integer in 1\.\.1024 \(ranks of the EP group\)$"),
+    (dict(num_ranks=10**6), r"^LoopbackGroup num_ranks=1000000: must be an integer in 1\.\.1024"),
+    (dict(num_ranks=2, path="nvlink"), r"^LoopbackGroup path='nvlink': must be 'hbm' or 'host'$"),
+    (dict(num_ranks=2, silent_ranks=(2,)), r"^LoopbackGroup silent_ranks=2: must be an integer in 0\.\.1"),
+    (dict(num_ranks=2, silent_ranks=1), r"^LoopbackGroup silent_ranks=1: must be a tuple of ranks$"),
+])
+def test_loopback_group_states_its_bounds(kw, match):
+    from xstage.moe.buffer import LoopbackGroup
+
+    with pytest.raises(InputError, match=match):
+        LoopbackGroup(**kw)
+
+
+def test_exact_integral_floats_are_taken_as_the_integers_they_spell():
+    from xstage.moe.buffer import LoopbackGroup
+
+    buf = _buffer(num_max_tokens_per_rank=8.0, timeout_ns=2e9, group=LoopbackGroup(2.0))
+    assert (buf.T_max, buf.timeout_ns, buf.R) == (8, 2_000_000_000, 2)
+
+
+def test_the_device_defaults_as_create_context_does():
+    from xstage.comm import create_context
+
+    buf = _buffer(device=None)
+    with create_context(path="hbm") as ctx:
+        assert buf.device == ctx.device
+    if not torch.cuda.is_available():
+        assert buf.device == torch.device("cpu")
+        with pytest.raises(InputError, match=r"^device='cuda': no CUDA GPU here"):
+            _buffer(device="cuda")
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="Triton's CPU interpreter is off")
+def test_bf16_is_refused_by_name_in_the_interpreter_before_any_work():
+    from xstage.moe.buffer import LoopbackGroup, MoEBuffer
+    from xstage.moe.problem import Problem
+
+    message = r"^dtype=bf16: dtype bf16 cannot run in Triton's CPU interpreter .*use fp16 or fp32 there$"
+    for call in (lambda: _buffer(dtype="bf16"), lambda: _buffer(dtype=torch.bfloat16),
+                 lambda: MoEBuffer(8, 4, 2, 64, 32, LoopbackGroup(2)),  # the default dtype
+                 lambda: Problem("H64-I32-E4-K2", 8, 2, "hbm", device="cpu")):
+        with pytest.raises(InputError, match=message):
+            call()
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tokens=2**70), r"^tokens=1180591620717411303424: must be an integer in 1\.\.1048576"),
+    (dict(tokens=0), r"^tokens=0: must be an integer"),
+    (dict(ep=3), r"^ep=3: must divide the 4 experts of H64-I32-E4-K2$"),
+    (dict(ep=0.5), r"^ep=0\.5: must be an integer in 1\.\.1024"),
+    (dict(shape="H64-I32-E4-K5"), r"^shape='H64-I32-E4-K5': K=5: must be an integer in 1\.\.4"),
+    (dict(shape=(64, 32.5, 4, 2)), r"^shape=\(64, 32\.5, 4, 2\): I=32\.5: must be an integer in 1\.\.65536"),
+])
+def test_problem_checks_its_numbers(kw, match):
+    from xstage.moe.problem import Problem
+
+    args = dict(shape="H64-I32-E4-K2", tokens=8, ep=2, path="hbm", device="cpu", dtype="fp16")
+    with pytest.raises(InputError, match=match):
+        Problem(**{**args, **kw})
+
+
+def test_fused_moe_checks_the_call_numbers_before_launching():
+    from xstage.moe import fused_moe, transform_weights
+
+    buf = _buffer()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 64, generator=g).half()
+    idx = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(4)])
+    w = torch.rand(4, 2, generator=g)
+    w1t, w2 = transform_weights(torch.randn(2, 64, 64, generator=g).half(), torch.randn(2, 64, 32, generator=g).half(),
+                                16)
+    for kw, match in ((dict(timeout_ns=float("nan")), r"^timeout_ns=nan: must be an integer"),
+                      (dict(timeout_ns=-1), r"^timeout_ns=-1: must be an integer in 1\.\.3600000000000"),
+                      (dict(pacing="50:1e300"), r"^pacing '50:1e300': BUDGET_KIB=1e\+300"),
+                      (dict(pacing="1e290:128"), r"^pacing '1e290:128': RATE_GBPS=1e\+290")):
+        with pytest.raises(InputError, match=match):
+            fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", **kw)
+    with pytest.raises(InputError, match=r"^buf: expected a MoEBuffer, got str$"):
+        fused_moe(x, idx, w, w1t, w2, "buf")

@@ -128,7 +128,8 @@ def test_model_guided_pick_is_the_planner_best():
     from xstage.sched.plan import moe_path_params, pick_for_moe_buffer
 
     cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
-    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg, pacing="default")
+    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", dtype="fp16", config=cfg,
+                    pacing="default")  # 2-byte rows as in bf16 (refused in the CPU interpreter)
     pick = pick_for_moe_buffer(buf, 512, num_ctas=8, pacing=buf.pacing)
     mcfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
                            block_n2=128, block_k=32)
@@ -145,7 +146,7 @@ def test_auto_pacing_pick_is_the_fastest_schedule_and_pacing():
     from xstage.sched.plan import moe_path_params, pick_pacing_for_buffer
 
     cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
-    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", config=cfg)
+    buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", dtype="fp16", config=cfg)
     mcfg = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=512, ep=4, block_m=64, block_n1=64,
                            block_n2=128, block_k=32)
     times = {}

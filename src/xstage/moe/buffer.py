@@ -13,6 +13,12 @@ Groups:
 - a `torch.distributed` process group: buffers are PyTorch symmetric memory; peers are reached
   through peer-relative offsets (`map(p, r) = p + base[r] - base[self]`).
 
+Device and dtype: `device` defaults to the current CUDA device, else the CPU, as `create_context`
+does; `dtype` (default bf16) must be fp16 or fp32 where kernels run in Triton's CPU interpreter, whose
+bf16 `tl.dot` is wrong (`xstage.backend.refuse_interpreter_bf16`). Every size is an integer in a stated
+range (`MAX_TOKENS_PER_RANK`, `MAX_EXPERTS`, `MAX_HIDDEN`, `xstage.bounds.MAX_RANKS`), checked before
+anything is allocated.
+
 Row pool (`pool_bytes=`): the received rows and their activations live in a pool of `pool_units`
 slots of `block_m` rows, reused in unit order as units finish (unit u takes the slot of unit
 u - pool_units once its Linear-2 tasks are done; the dispatch waits for it, under the watchdog). Any
@@ -55,8 +61,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from xstage.backend import refuse_interpreter_bf16, resolve_device
+from xstage.bounds import INT32_MAX, INT64_MAX, MAX_RANKS, check_int, check_real
 from xstage.comm import DEFAULT_TIMEOUT_NS, create_context
 from xstage.comm.barrier import STAGE_REFUSED
+from xstage.comm.context import check_timeout_ns
 from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
@@ -87,18 +96,28 @@ SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
 
 
 MIN_GEMM_BLOCK = 16  # the smallest tile extent `tl.dot` takes
+# The largest tile extent: a Triton block holds at most 2^20 elements, which a [1024, 1024] tile is.
+MAX_BLOCK = 1024
+MAX_STAGES = 16  # pipeline stages; the shared-memory check below bounds what fits far sooner
+MAX_CTAS_PER_SM = 32  # resident CTAs an SM can hold (Hopper)
+# Layer sizes, in elements: hidden and intermediate of the widest models are below 2^15 and their
+# expert counts in the hundreds; top-k is at most the experts.
+MAX_HIDDEN = 1 << 16
+MAX_EXPERTS = 1 << 12
+# Tokens per rank in one call: 1M, beyond any batch a layer is called with (x alone is 8 GiB at hidden
+# 4096); the int32 row metadata bounds ranks x tokens x top-k separately.
+MAX_TOKENS_PER_RANK = 1 << 20
 
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_block_size(v, name: str, minimum: int = MIN_GEMM_BLOCK, maximum: int | None = None,
+def check_block_size(v, name: str, minimum: int = MIN_GEMM_BLOCK, maximum: int = MAX_BLOCK,
                      what: str = "block size") -> int:
     """`v` if it is a power-of-two integer in [`minimum`, `maximum`]; else `InputError` naming `name`."""
-    if not _is_int(v) or v < minimum or v & (v - 1) or (maximum is not None and v > maximum):
-        bound = f">= {minimum}" + (f" and <= {maximum}" if maximum is not None else "")
-        raise InputError(f"{name}={v!r}: {what} must be a power of two {bound}")
+    if not _is_int(v) or v < minimum or v & (v - 1) or v > maximum:
+        raise InputError(f"{name}={v!r}: {what} must be a power of two in {minimum}..{maximum}")
     return v
 
 
@@ -124,10 +143,12 @@ class BlockConfig:
             check_block_size(getattr(self, name), f"BlockConfig {name}", minimum=MIN_GEMM_BLOCK)
         check_block_size(self.block_d, "BlockConfig block_d", minimum=1)
         check_block_size(self.num_warps, "BlockConfig num_warps", minimum=1, maximum=32, what="warps per CTA")
-        for name, low in (("num_stages", 1), ("ctas_per_sm", 0)):
+        for name, low, high, what in (("num_stages", 1, MAX_STAGES, "pipeline stages"),
+                                      ("ctas_per_sm", 0, MAX_CTAS_PER_SM, "CTAs per SM, 0: one")):
             v = getattr(self, name)
-            if not _is_int(v) or v < low:
-                raise InputError(f"BlockConfig {name}={v!r}: must be an integer >= {low}")
+            if not _is_int(v):  # the config is hashed and compiled on: no float stands in for an int here
+                raise InputError(f"BlockConfig {name}={v!r}: must be an integer in {low}..{high} ({what})")
+            check_int(v, f"BlockConfig {name}", low, high, what)
         for name in ("tma", "dynamic"):
             if not isinstance(getattr(self, name), bool):
                 raise InputError(f"BlockConfig {name}={getattr(self, name)!r}: must be True or False")
@@ -141,15 +162,18 @@ class LoopbackGroup:
     path: str = "hbm"
     silent_ranks: tuple[int, ...] = field(default_factory=tuple)
 
+    def __post_init__(self):
+        self.num_ranks = check_int(self.num_ranks, "LoopbackGroup num_ranks", 1, MAX_RANKS, "ranks of the EP group")
+        if self.path not in ("hbm", "host"):
+            raise InputError(f"LoopbackGroup path={self.path!r}: must be 'hbm' or 'host'")
+        if not isinstance(self.silent_ranks, (tuple, list)):
+            raise InputError(f"LoopbackGroup silent_ranks={self.silent_ranks!r}: must be a tuple of ranks")
+        self.silent_ranks = tuple(check_int(q, "LoopbackGroup silent_ranks", 0, self.num_ranks - 1, "a rank")
+                                  for q in self.silent_ranks)
+
 
 # The FP8 default: one scale block per K step and per Linear-1 tile, pointer loads (no FP8 TMA path yet).
 FP8_BLOCK_CONFIG = BlockConfig(block_n1=FP8_BLOCK, block_n2=FP8_BLOCK, block_k=FP8_BLOCK, tma=False)
-
-
-def _pos(name: str, v) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise InputError(f"{name}={v!r}: must be a positive integer")
-    return v
 
 
 def max_units(num_ranks: int, tokens_per_rank: int, topk: int, num_local_experts: int, block_m: int) -> int:
@@ -163,8 +187,7 @@ def pool_units(pool_bytes: int | None, unit_bytes: int, units_cap: int) -> int:
     (default `DEFAULT_POOL_BYTES`), never more than `units_cap`; refuses a pool below the minimum."""
     if pool_bytes is None:
         pool_bytes = DEFAULT_POOL_BYTES
-    if not isinstance(pool_bytes, int) or isinstance(pool_bytes, bool) or pool_bytes < 1:
-        raise InputError(f"pool_bytes={pool_bytes!r}: must be a positive number of bytes")
+    pool_bytes = check_int(pool_bytes, "pool_bytes", 1, INT64_MAX, "bytes of the row pool")
     minimum = min(MIN_POOL_UNITS, units_cap)
     units = min(pool_bytes // unit_bytes, units_cap)
     if units < minimum:
@@ -178,31 +201,35 @@ class MoEBuffer:
     """Buffers and signals of one rank of an expert-parallel MoE layer (see module docstring)."""
 
     def __init__(self, num_max_tokens_per_rank, num_experts, topk, hidden, intermediate, group=None, *,
-                 device="cuda", dtype=torch.bfloat16, config: BlockConfig | None = None,
+                 device=None, dtype=torch.bfloat16, config: BlockConfig | None = None,
                  pool_bytes: int | None = None, capacity_factor: float | None = None,
                  max_bytes: int = MAX_BUFFER_BYTES, pacing="auto", timeout_ns: int = DEFAULT_TIMEOUT_NS):
-        self.T_max = _pos("num_max_tokens_per_rank", num_max_tokens_per_rank)
-        self.timeout_ns = _pos("timeout_ns", timeout_ns)
-        self.E = _pos("num_experts", num_experts)
-        self.K = _pos("topk", topk)
-        self.H = _pos("hidden", hidden)
-        self.I = _pos("intermediate", intermediate)
+        self.T_max = check_int(num_max_tokens_per_rank, "num_max_tokens_per_rank", 1, MAX_TOKENS_PER_RANK,
+                               "tokens per rank in one call")
+        self.timeout_ns = check_timeout_ns(timeout_ns)
+        self.E = check_int(num_experts, "num_experts", 1, MAX_EXPERTS, "experts of the layer")
+        self.K = check_int(topk, "topk", 1, self.E, "experts per token, at most num_experts")
+        self.H = check_int(hidden, "hidden", 1, MAX_HIDDEN, "elements per row")
+        self.I = check_int(intermediate, "intermediate", 1, MAX_HIDDEN, "elements per expert row")
+        max_bytes = check_int(max_bytes, "max_bytes", 1, INT64_MAX, "bytes the buffers may take")
         self.dtype = parse_dtype(dtype, allowed=(*DTYPES, *FP8_DTYPES))
+        refuse_interpreter_bf16(self.dtype)
         self.fp8 = self.dtype in FP8_DTYPES.values()
+        if config is not None and not isinstance(config, BlockConfig):
+            raise InputError(f"config={config!r}: must be a BlockConfig or None")
         self.cfg = config or (FP8_BLOCK_CONFIG if self.fp8 else BlockConfig())
         self.out_dtype = torch.bfloat16 if self.fp8 else self.dtype  # combine rows and the output
-        self.device = torch.device(device)
+        # The same default as `create_context`: the current CUDA device, else the CPU (interpreter).
+        self.device = resolve_device(device)
         self.group = group if group is not None else LoopbackGroup(1)
         self.loopback = isinstance(self.group, LoopbackGroup)
         if self.loopback:
-            self.R, self.rank = _pos("num_ranks", self.group.num_ranks), 0
-            if self.group.path not in ("hbm", "host"):
-                raise InputError(f"path={self.group.path!r}: must be 'hbm' or 'host'")
-        else:
+            self.R, self.rank = self.group.num_ranks, 0
+        elif isinstance(self.group, dist.ProcessGroup):
 
             self.R, self.rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        if self.K > self.E:
-            raise InputError(f"topk={self.K}: must be <= num_experts={self.E}")
+        else:
+            raise InputError(f"group={group!r}: must be a LoopbackGroup, a torch.distributed ProcessGroup or None")
         if self.E % self.R:
             raise InputError(f"num_experts={self.E}: must be a multiple of the group size {self.R}")
         c = self.cfg
@@ -224,6 +251,10 @@ class MoEBuffer:
         # each expert padding its last unit. Only int32 metadata is sized for them; rows live in the pool.
         self.units_cap = max_units(self.R, self.T_max, self.K, self.E_local, c.block_m)
         self.rows_cap = self.units_cap * c.block_m
+        if self.rows_cap > INT32_MAX:  # row indices and counters are int32 in the kernels
+            raise InputError(f"num_max_tokens_per_rank={self.T_max}: {self.R} ranks x {self.T_max} tokens x "
+                             f"top-{self.K} make {self.rows_cap} row slots, over the {INT32_MAX} int32 row indices "
+                             "hold")
         self.pool_units = self._pool_units(pool_bytes, capacity_factor, elem)
         self._check_size(max_bytes)
         self._plans: dict = {}
@@ -253,8 +284,8 @@ class MoEBuffer:
                           "finish, so any routing fits; pass pool_bytes= to size the pool", DeprecationWarning,
                           stacklevel=3)
             if pool_bytes is None:
-                if not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0:
-                    raise InputError(f"capacity_factor={capacity_factor!r}: must be a number > 0")
+                capacity_factor = check_real(capacity_factor, "capacity_factor", 1e-6, self.R * self.E,
+                                             "rows per token and slot")
                 rows = int(capacity_factor * self.T_max * self.K) + self.E_local * (self.cfg.block_m - 1)
                 pool_bytes = -(-rows // self.cfg.block_m) * unit_bytes
         return pool_units(pool_bytes, unit_bytes, self.units_cap)

@@ -11,7 +11,7 @@ every schedule computes each tile with the same code and K order, so outputs are
 An FP8 buffer (`MoEBuffer(dtype="fp8")`) runs the same steps on e4m3 rows and weights with their
 DeepSeek-V3 scales (`x` quantized 1x128 first, `quantize_inputs`) and returns BF16.
 
-Example (on a machine without a GPU, run with TRITONinterpreter_active()=1 set before import):
+Example (on a machine without a GPU, Triton's CPU interpreter; fp16 there, see `MoEBuffer`):
     >>> import torch
     >>> from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
     >>> cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
@@ -31,6 +31,8 @@ import torch
 import triton
 
 from xstage import backend
+from xstage.backend import refuse_interpreter_bf16
+from xstage.comm.context import check_timeout_ns
 from xstage.comm.device import wait_bounds
 from xstage.comm.pacing import StorePacing, pacing_args
 from xstage.env import interpreter_active
@@ -227,9 +229,7 @@ def static_plan(topk_idx, buf: MoEBuffer, schedule: str, pacing="buffer") -> _Pl
 def _bounds(buf: MoEBuffer, timeout_ns: int | None):
     """(USE_PTX, timeout argument, poll bound) of the kernels' waits; `timeout_ns` None: the buffer's
     watchdog (`MoEBuffer.timeout_ns`)."""
-    timeout_ns = buf.timeout_ns if timeout_ns is None else int(timeout_ns)
-    if timeout_ns < 1:
-        raise InputError(f"timeout_ns={timeout_ns}: must be >= 1 ns")
+    timeout_ns = buf.timeout_ns if timeout_ns is None else check_timeout_ns(timeout_ns)
     on_gpu = buf.device.type == "cuda" and not interpreter_active()
     if not on_gpu and buf.loopback:
         # The interpreter runs a loopback call's programs one after another in this process: a wait
@@ -408,7 +408,12 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     `"auto"` (the planner's choice for this call), `"default"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a
     `StorePacing` or None (`xstage.moe.pacing`).
     """
+    if not isinstance(buf, MoEBuffer):
+        raise InputError(f"buf: expected a MoEBuffer, got {type(buf).__name__}")
+    refuse_interpreter_bf16(buf.dtype, "buf.dtype")  # as on every rank: the buffer's dtype is the group's
     try:
+        if timeout_ns is not None:
+            check_timeout_ns(timeout_ns)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
     except InputError as exc:
         if not buf.loopback:

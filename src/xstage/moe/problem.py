@@ -21,9 +21,19 @@ from typing import NamedTuple
 
 import torch
 
+from xstage.backend import refuse_interpreter_bf16, resolve_device
+from xstage.bounds import MAX_RANKS, check_int
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import InputError
-from xstage.moe.buffer import FP8_BLOCK_CONFIG, BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.moe.buffer import (
+    FP8_BLOCK_CONFIG,
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_TOKENS_PER_RANK,
+    BlockConfig,
+    LoopbackGroup,
+    MoEBuffer,
+)
 from xstage.moe.layout import transform_weights
 
 _SHAPE = re.compile(r"^H(\d+)-I(\d+)-E(\d+)-K(\d+)$")
@@ -41,12 +51,20 @@ class MoeShape(NamedTuple):
     def parse(cls, text, arg: str = "shape") -> MoeShape:
         """`"H4096-I2048-E256-K6"` -> MoeShape; a MoeShape or a 4-tuple passes through."""
         if isinstance(text, tuple) and len(text) == 4:
-            return cls(*(int(v) for v in text))
-        m = _SHAPE.match(str(text).strip())
-        if not m or any(int(g) < 1 for g in m.groups()):
-            raise InputError(f"{arg}={text!r}: expected H<hidden>-I<intermediate>-E<experts>-K<topk> with "
-                             "positive sizes, e.g. H4096-I2048-E256-K6")
-        return cls(*(int(g) for g in m.groups()))
+            sizes = text
+        else:
+            m = _SHAPE.match(str(text).strip())
+            if not m:
+                raise InputError(f"{arg}={text!r}: expected H<hidden>-I<intermediate>-E<experts>-K<topk> with "
+                                 "positive sizes, e.g. H4096-I2048-E256-K6")
+            sizes = [int(g) for g in m.groups()]
+        try:
+            h, i, e = (check_int(v, name, 1, hi, what) for v, name, hi, what in zip(sizes, "HIE", (
+                MAX_HIDDEN, MAX_HIDDEN, MAX_EXPERTS), ("hidden size", "intermediate size", "experts")))
+            k = check_int(sizes[3], "K", 1, e, "top-k, at most the experts")
+        except InputError as exc:
+            raise InputError(f"{arg}={text!r}: {exc}") from None
+        return cls(h, i, e, k)
 
     def __str__(self) -> str:
         return f"H{self.hidden}-I{self.intermediate}-E{self.num_experts}-K{self.topk}"
@@ -118,10 +136,16 @@ class Problem:
     while `x`, `l1`, `l2` stay the BF16 tensors they were quantized from (the baselines' inputs).
     Otherwise `x_in` is `x`."""
 
-    def __init__(self, shape, tokens: int, ep: int, path: str, cfg: BlockConfig | None = None, device="cuda",
+    def __init__(self, shape, tokens: int, ep: int, path: str, cfg: BlockConfig | None = None, device=None,
                  dtype="bf16", seed: int = 0, pacing="default"):
         H, I, E, K = self.shape = MoeShape.parse(shape)
         dtype = parse_dtype(dtype, allowed=(*DTYPES, *FP8_DTYPES))
+        refuse_interpreter_bf16(dtype)  # before any tensor is drawn
+        tokens = check_int(tokens, "tokens", 1, MAX_TOKENS_PER_RANK, "tokens per rank")
+        ep = check_int(ep, "ep", 1, MAX_RANKS, "ranks of the EP group")
+        if E % ep:
+            raise InputError(f"ep={ep}: must divide the {E} experts of {self.shape}")
+        device = resolve_device(device)
         self.fp8 = dtype in FP8_DTYPES.values()
         data_dtype = torch.bfloat16 if self.fp8 else dtype
         self.H, self.I, self.E, self.K, self.T, self.ep = H, I, E, K, tokens, ep
