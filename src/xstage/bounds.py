@@ -6,7 +6,8 @@
 - `check_real(value, arg, lo, hi, what, unit)`: a finite real number in `lo..hi` (`inf` only where
   `allow_inf` says so, for windows without a bound).
 - `cli_int(lo, hi, what)` / `cli_real(...)`: the same checks as argparse `type=` functions, reading
-  the command line's text first (`4096`, `1e9`, `2.5`); argparse names the flag.
+  the command line's text first (`4096`, `1e9`, `2.5`); argparse names the flag. `cli_type(check,
+  ...)` does the same for any validator of that form (a head dim, say).
 
 Every refusal is one line that names the argument, the value and the bound, with what the number
 means: `--ctas 99999999: must be an integer in 1..4096 (persistent CTAs the planner simulates)`.
@@ -36,12 +37,15 @@ INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 # SMs of one GPU (an H200 has 132, a B200 148): bounds SM counts and the CTAs planned on them.
 MAX_SMS = 4096
+# Worker processes and bootstrap rounds of the command line's fits and simulations.
+MAX_WORKERS = 256
+MAX_BOOTSTRAP = 10_000
 # Ranks of one group. NVLink domains reach 72 GPUs (NVL72) and expert-parallel groups a few hundred;
 # a loopback rank holds a copy of every buffer of the context, and error words name a peer in 16 bits.
 MAX_RANKS = 1024
 
 
-def _label(arg: str, value) -> str:
+def label(arg: str, value) -> str:
     """`--ctas 7` for a flag, `timeout_ns=nan` for a keyword, `7` without a name (argparse adds it)."""
     if not arg:
         return f"{value}"
@@ -66,7 +70,7 @@ def check_int(value, arg: str, lo: int, hi: int, what: str) -> int:
             and float(value).is_integer():
         n = int(value)
     if n is None or not lo <= n <= hi:
-        raise InputError(f"{_label(arg, value)}: must be an integer in {_bound(lo, hi)} ({what})")
+        raise InputError(f"{label(arg, value)}: must be an integer in {_bound(lo, hi)} ({what})")
     return n
 
 
@@ -76,7 +80,7 @@ def check_real(value, arg: str, lo: float, hi: float, what: str, unit: str = "",
     v = float(value) if ok else math.nan
     if not ((lo <= v <= hi) or (allow_inf and v == math.inf)):
         also = " or inf" if allow_inf else ""
-        raise InputError(f"{_label(arg, value)}: must be a finite number in {_bound(lo, hi, unit)}{also} ({what})")
+        raise InputError(f"{label(arg, value)}: must be a finite number in {_bound(lo, hi, unit)}{also} ({what})")
     return v
 
 
@@ -90,15 +94,21 @@ def number_from_text(text: str, arg: str = "") -> int | float:
     try:
         return float(word)
     except ValueError:
-        raise InputError(f"{_label(arg, repr(str(text)))}: not a number") from None
+        raise InputError(f"{label(arg, repr(str(text)))}: not a number") from None
 
 
-def _cli(check: Callable, *args, **kw) -> Callable[[str], int | float]:
+def cli_type(check: Callable, *args, **kw) -> Callable[[str], int | float]:
+    """An argparse `type=` from a validator `check(value, arg, *args, **kw)`: the word read as a number
+    (`number_from_text`), then checked; a refusal becomes argparse's one line, which names the flag."""
     def parse(text: str):
         try:
-            return check(number_from_text(text), "", *args, **kw)
+            value = number_from_text(text)
         except InputError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+        try:
+            return check(value, "", *args, **kw)
+        except InputError as exc:  # named as typed (`1e9`, not the float it reads as)
+            raise argparse.ArgumentTypeError(str(exc).replace(f"{value}", str(text).strip(), 1)) from None
 
     parse.__name__ = check.__name__  # what argparse would print for any other error
     return parse
@@ -106,9 +116,9 @@ def _cli(check: Callable, *args, **kw) -> Callable[[str], int | float]:
 
 def cli_int(lo: int, hi: int, what: str) -> Callable[[str], int]:
     """An argparse `type=` reading an integer in `lo..hi` (`check_int`)."""
-    return _cli(check_int, lo, hi, what)
+    return cli_type(check_int, lo, hi, what)
 
 
 def cli_real(lo: float, hi: float, what: str, unit: str = "", allow_inf: bool = False) -> Callable[[str], float]:
     """An argparse `type=` reading a finite number in `lo..hi` (`check_real`)."""
-    return _cli(check_real, lo, hi, what, unit, allow_inf)
+    return cli_type(check_real, lo, hi, what, unit, allow_inf)

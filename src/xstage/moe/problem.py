@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from xstage.backend import refuse_interpreter_bf16, resolve_device
-from xstage.bounds import MAX_RANKS, check_int
+from xstage.bounds import MAX_RANKS, check_int, label
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import InputError
 from xstage.moe.buffer import (
@@ -55,7 +55,7 @@ class MoeShape(NamedTuple):
         else:
             m = _SHAPE.match(str(text).strip())
             if not m:
-                raise InputError(f"{arg}={text!r}: expected H<hidden>-I<intermediate>-E<experts>-K<topk> with "
+                raise InputError(f"{label(arg, text)}: expected H<hidden>-I<intermediate>-E<experts>-K<topk> with "
                                  "positive sizes, e.g. H4096-I2048-E256-K6")
             sizes = [int(g) for g in m.groups()]
         try:
@@ -63,7 +63,7 @@ class MoeShape(NamedTuple):
                 MAX_HIDDEN, MAX_HIDDEN, MAX_EXPERTS), ("hidden size", "intermediate size", "experts")))
             k = check_int(sizes[3], "K", 1, e, "top-k, at most the experts")
         except InputError as exc:
-            raise InputError(f"{arg}={text!r}: {exc}") from None
+            raise InputError(f"{label(arg, text)}: {exc}") from None
         return cls(h, i, e, k)
 
     def __str__(self) -> str:

@@ -59,8 +59,10 @@ from importlib import resources
 import numpy as np
 
 from xstage.attention.exchange import CORES, Exchange, parse_exchange
+from xstage.attention.flash import SUPPORTED_HEAD_DIMS
 from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.overlap import default_blocks, overlap_blocks
+from xstage.bounds import MAX_RANKS, check_int, label
 from xstage.errors import InputError
 from xstage.results.io import read_rows
 
@@ -81,6 +83,11 @@ CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn:3:waves", "overlap
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 # Triton compiles integer arguments divisible by 16 apart; the fused kernel's sequence length is one
 ALIGN = 16
+# Attention heads over all ranks: the largest models have 128 query heads.
+MAX_HEADS = 1024
+# Sequence length over all ranks: 16M tokens, 16x the longest sequences attention runs on (video
+# diffusion), where the blocks' wave arithmetic is still exact in float64.
+MAX_SEQ_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -138,9 +145,28 @@ class ExchangeCosts:
         return (*self.copy[core], 0.0, 0.0)
 
 
+def check_head_dim(value, arg: str = "dim") -> int:
+    """A head dim the attention kernel runs (`xstage.attention.flash.SUPPORTED_HEAD_DIMS`)."""
+    dim = check_int(value, arg, 1, max(SUPPORTED_HEAD_DIMS), "head dim in elements")
+    if dim not in SUPPORTED_HEAD_DIMS:
+        raise InputError(f"{label(arg, value)}: must be one of {', '.join(map(str, SUPPORTED_HEAD_DIMS))} (the head "
+                         "dims the attention kernel runs)")
+    return dim
+
+
+def check_call_shape(heads, dim, tokens, ranks, args=("heads", "dim", "tokens", "ranks")) -> tuple[int, int, int, int]:
+    """(heads, dim, tokens, ranks) of one Ulysses call, each checked (`args` names them), ranks <= heads."""
+    h = check_int(heads, args[0], 1, MAX_HEADS, "attention heads over all ranks")
+    d = check_head_dim(dim, args[1])
+    t = check_int(tokens, args[2], 1, MAX_SEQ_TOKENS, "sequence length over all ranks")
+    r = check_int(ranks, args[3], 1, MAX_RANKS, "sequence-parallel ranks")
+    if r > h:
+        raise InputError(f"{label(args[3], ranks)}: must be <= {label(args[0], heads)} (each rank gets heads)")
+    return h, d, t, r
+
+
 def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
-    if ranks > heads:
-        raise InputError(f"ranks={ranks}: must be <= heads={heads}")
+    heads, dim, tokens, ranks = check_call_shape(heads, dim, tokens, ranks)
     return UlyssesPlan(ranks, 0, 1, split_sizes(tokens, ranks), heads, dim)
 
 

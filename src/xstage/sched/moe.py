@@ -21,11 +21,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from xstage.bounds import INT64_MAX, MAX_RANKS, check_int
 from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
-from xstage.moe.buffer import BlockConfig, check_block_size
+from xstage.moe.buffer import MAX_EXPERTS, MAX_HIDDEN, MAX_TOKENS_PER_RANK, BlockConfig, check_block_size
 from xstage.moe.problem import MoeShape, parse_block
 from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 from xstage.sched.costs import TaskCosts
@@ -63,8 +64,13 @@ class MoeConfig:
         return self.out_elem_bytes or self.elem_bytes
 
     def __post_init__(self):
-        require_positive_ints(self, ("hidden", "intermediate", "num_experts", "topk", "tokens_per_rank", "ep",
-                                     "block_m", "block_n1", "block_n2", "block_k", "elem_bytes"), "MoE config")
+        for name, hi, what in (("hidden", MAX_HIDDEN, "elements per row"),
+                               ("intermediate", MAX_HIDDEN, "elements per expert row"),
+                               ("num_experts", MAX_EXPERTS, "experts of the layer"),
+                               ("tokens_per_rank", MAX_TOKENS_PER_RANK, "tokens per rank"),
+                               ("ep", MAX_RANKS, "expert-parallel ranks")):
+            object.__setattr__(self, name, check_int(getattr(self, name), f"MoE config {name}", 1, hi, what))
+        require_positive_ints(self, ("topk", "block_m", "block_n1", "block_n2", "block_k", "elem_bytes"), "MoE config")
         # The kernel's tile extents (`BlockConfig`); block_n2 may also be the whole hidden size (a buffer
         # whose hidden size is below its block_n2 stores `hidden` columns per tile).
         for name in ("block_m", "block_n1", "block_n2", "block_k"):
@@ -157,13 +163,18 @@ def simulate_remote(work: KernelWork, path: PathParams, pacing: StorePacing | No
                            pacers={REMOTE_PATH: pacing} if pacing is not None else None, **kw)
 
 
+def check_seed(seed, arg: str = "seed") -> int:
+    """A seed of the synthetic routing: an integer in 0..2^63 - 1 (numpy takes any; int64 is the bound)."""
+    return check_int(seed, arg, 0, INT64_MAX, "seed of the synthetic routing")
+
+
 def synthetic_routing(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[int], list[int]]:
     """(local expert, valid rows, rows from other ranks) of each unit of rank 0 under uniform synthetic
     routing. The kernel's routing layout (`xstage.moe.layout.routing_layout`) orders an expert's rows
     by source rank, so rank 0's own rows (Binomial(rows, 1 / EP) of them) fill its first units and
     the rows its LINEAR2 tasks store to other ranks sit in the later ones: the remote stores come in a
     run per expert, not spread evenly."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_seed(seed))
     counts = rng.binomial(cfg.tokens_per_rank * cfg.ep, cfg.topk / cfg.num_experts, size=cfg.local_experts)
     own = rng.binomial(counts, 1.0 / cfg.ep)  # drawn after the counts: the counts keep their values per seed
     experts, rows, remote = [], [], []

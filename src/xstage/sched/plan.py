@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xstage.bounds import MAX_SMS, check_int
 from xstage.comm.pacing import StorePacing, spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
@@ -30,8 +31,16 @@ from xstage.model.params import PathParams
 from xstage.moe.pacing import PACING_CANDIDATES, register_pacing_chooser, resolve_pacing
 from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
-from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, simulate_remote
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, check_seed, moe_work, simulate_remote
 from xstage.sched.simulate import SimResult
+
+# Persistent CTAs the planner simulates: a GPU's SMs x the CTAs per SM the kernel keeps (132 x 9 at most
+# on an H200); the simulation's time grows with them, and past the tasks more CTAs only idle.
+MAX_PLAN_CTAS = 4 * MAX_SMS
+CTAS_MEANING = "persistent CTAs the planner simulates"
+# Tokens per rank `xstage plan moe` simulates: every tile is a task, so time and memory grow with tokens
+# x top-k; 65536 is 4x the largest benchmarked count and still takes minutes, not hours.
+MAX_PLAN_TOKENS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -78,8 +87,8 @@ def plan_moe(
     pacing), when given, ranks every candidate under each of them instead (by `rank_ns`). `interference` is the store
     path's interference term (`xstage.model.interference`; None: off). `progress(done, total)` is
     called after each candidate's simulation. Every argument is checked before the first one."""
-    if not isinstance(num_ctas, int) or isinstance(num_ctas, bool) or num_ctas < 1:
-        raise InputError(f"num_ctas={num_ctas!r}: must be a positive integer (persistent CTAs)")
+    num_ctas = check_int(num_ctas, "num_ctas", 1, MAX_PLAN_CTAS, CTAS_MEANING)
+    seed = check_seed(seed)
     if not candidates:
         raise InputError("candidates: at least one schedule is needed")
     for name in candidates:
