@@ -132,6 +132,17 @@ def _cases(d):
         ["plan", "validate", str(d / "validation.csv"), "-o", str(d), "--force"],
         ["fit", str(d / "probe.csv"), "-o", str(d / "probe.csv"), "--force"],
         ["model", "--plot", str(d), "--data", str(d / "host-issue-vs-burst.png"), "--force"],
+        # numbers past what the code holds or the hardware means
+        *[["plan", "ulysses", "--heads", "24", "--dim", dim, "--tokens", tok, "--ranks", "4"]
+          for dim, tok in (("7", "4096"), ("128", "1e20"), ("128", "99999999999999999999"))],
+        *[["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "64", "--ep", "8", *extra]
+          for extra in (["--ctas", "99999999"], ["--pacing", "50:1e300"], ["--pacing", "1e290:128"])],
+        ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", "99999999999999999999", "--ep", "8"],
+        ["plan", "calibrate", "-o", str(d / "c"), "--tokens", "99999999999999999999"],
+        ["probe", "--sm-count", "99999999999999", "--plan"],
+        ["bench", "moe", "-o", str(d / "x"), "--schedules", "lag:4@1e290:128"],
+        ["bench", "moe", "-o", str(d / "x"), "--budget-s", "nan"],
+        ["bench", "ulysses", "-o", str(d / "x"), "--core", "--core-shapes", "99999999999999999999999x24x128"],
     ]
     if not has_gpu():  # where measuring would start, the missing GPU is the user error
         cases += [["probe", "-o", str(d / "x")], ["bench", "moe", "-o", str(d / "x")],

@@ -88,7 +88,7 @@ def test_output_locations_are_checked_before_any_work(tmp_path, capsys, existing
     _fails(capsys, ["plan", "attention-costs", str(moe_csv), "-o", str(existing)], "-o", "not a folder")
     _fails(capsys, ["plan", "calibrate", "-o", str(existing)], "-o", "not a folder")
     _fails(capsys, ["plan", "validate", str(moe_csv), "-o", str(tmp_path / "missing" / "x"), "--workers", "0"],
-           "--workers 0")
+           "--workers: 0: must be an integer in 1..256")
 
 
 def test_plot_writes_exactly_the_path_it_reports(tmp_path, capsys):
@@ -110,10 +110,13 @@ def test_plot_writes_exactly_the_path_it_reports(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,needles", [
     (["--block-m", "abc"], ("--block-m", "abc", "not an integer")),
-    (["--block-m", "100"], ("--block-m", "100", "power of two >= 16")),
-    (["--block-m", "8"], ("--block-m", "power of two >= 16")),
-    (["--ctas", "0"], ("--ctas 0", ">= 1")),
-    (["--seed", "-1"], ("--seed -1",)),
+    (["--block-m", "100"], ("--block-m", "100", "power of two in 16..1024")),
+    (["--block-m", "8"], ("--block-m", "power of two in 16..1024")),
+    (["--ctas", "0"], ("--ctas: 0: must be an integer in 1..16384 (persistent CTAs the planner simulates)",)),
+    (["--ctas", "99999999"], ("--ctas: 99999999: must be an integer in 1..16384",)),
+    (["--seed", "-1"], ("--seed: -1: must be an integer in 0..9223372036854775807",)),
+    (["--pacing", "50:1e300"], ("--pacing 50:1e300: BUDGET_KIB=1e+300: must be a finite number in 0..1048576 KiB",)),
+    (["--pacing", "1e290:128"], ("--pacing 1e290:128: RATE_GBPS=1e+290: must be a finite number in 1..10000 GB/s",)),
     (["--pacing", "fast"], ("--pacing fast",)),
     (["--candidates", "lag:x"], ("--candidates", "lag:x")),
     (["--candidates", "model_guided"], ("--candidates", "model_guided", "per call")),
@@ -124,8 +127,10 @@ def test_plan_moe_numbers_are_one_line_errors(capsys, extra, needles):
 
 
 @pytest.mark.parametrize("tokens,ep,needles", [
-    ("0", "8", ("--tokens 0", ">= 1")), ("-5", "8", ("--tokens -5",)),
-    ("2048", "7", ("--ep 7", "divide", "256 experts")), ("2048", "0", ("--ep 0",)),
+    ("0", "8", ("--tokens: 0: must be an integer in 1..65536 (tokens per rank the planner simulates)",)),
+    ("-5", "8", ("--tokens: -5:",)), ("99999999999999999999", "8", ("--tokens: 99999999999999999999: must be",)),
+    ("1e20", "8", ("--tokens: 1e20: must be an integer in 1..65536",)),
+    ("2048", "7", ("--ep 7", "divide", "256 experts")), ("2048", "0", ("--ep: 0: must be an integer in 1..1024",))
 ])
 def test_plan_moe_tokens_and_ep(capsys, tokens, ep, needles):
     argv = ["plan", "moe", "--shape", "H4096-I2048-E256-K6", "--tokens", tokens, "--ep", ep]
@@ -135,17 +140,19 @@ def test_plan_moe_tokens_and_ep(capsys, tokens, ep, needles):
 def test_plan_ulysses_and_validate_numbers(capsys, tmp_path):
     u = ["plan", "ulysses", "--heads", "4", "--dim", "64", "--tokens", "100"]
     _fails(capsys, [*u, "--ranks", "8"], "--ranks 8", "--heads 4")
-    _fails(capsys, [*u, "--ranks", "0"], "--ranks 0")
+    _fails(capsys, [*u, "--ranks", "0"], "--ranks: 0: must be an integer in 1..1024")
     _fails(capsys, [*u, "--ranks", "2", "--candidates", "stores:paced:3"], "--candidates", "stores:paced:3")
     _fails(capsys, [*u, "--ranks", "2", "--candidates", "tma"], "--candidates", "tma")
     _fails(capsys, [*u, "--ranks", "2", "--calibration", str(tmp_path / "none.csv")], "none.csv")
     moe_csv = _moe_csv(tmp_path / "moe.csv", _moe_rows())
     v = ["plan", "validate", str(moe_csv), "-o", str(tmp_path / "out")]
-    _fails(capsys, [*v, "--workers", "0"], "--workers 0")
+    _fails(capsys, [*v, "--workers", "0"], "--workers: 0: must be an integer in 1..256")
     _fails(capsys, [*v, "--default-pacing", "fast"], "--default-pacing fast")
     _fails(capsys, [*v, "--exchange", "stores:paced:3"], "--exchange", "stores:paced:3")
-    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--tokens", "0"], "--tokens 0")
-    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--reps", "0"], "--reps 0")
+    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--tokens", "0"], "--tokens: 0: must be")
+    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--tokens", "64,1e30"],
+           "--tokens: 1e30: must be an integer in 1..1048576")
+    _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--reps", "0"], "--reps: 0: must be")
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--shapes", "H1-I2"], "--shapes")
     _fails(capsys, ["plan", "calibrate", "-o", str(tmp_path / "c"), "--block", "100:128:256:64:8:4"],
            "--block", "block_m=100", "power of two")

@@ -7,9 +7,12 @@ them (they import it for `add_grid_options`).
 
 from __future__ import annotations
 
+from xstage.bounds import cli_int, cli_real
 from xstage.results.select import only_spec
 
 WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of every grid
+MAX_RUNS = 100_000  # runs per configuration: past it a grid takes days where 30 runs give the median
+MAX_BUDGET_S = 30 * 86400.0
 
 
 def add_grid_options(p) -> None:
@@ -18,11 +21,14 @@ def add_grid_options(p) -> None:
                    "where the CSV stops")
     p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="run only matching "
                    "configurations; repeatable, all must match (default: the whole grid)")
-    p.add_argument("--warmup", type=int, default=WARMUP, help="untimed runs per configuration (default %(default)s)")
-    p.add_argument("--rep", type=int, default=REP, help="timed runs per configuration; median, p10 and p90 are "
+    p.add_argument("--warmup", type=cli_int(0, MAX_RUNS, "untimed runs per configuration"), default=WARMUP,
+                   help=f"untimed runs per configuration, 0..{MAX_RUNS} (default %(default)s)")
+    p.add_argument("--rep", type=cli_int(1, MAX_RUNS, "timed runs per configuration"), default=REP,
+                   help=f"timed runs per configuration, 1..{MAX_RUNS}; median, p10 and p90 are "
                    "reported (default %(default)s)")
-    p.add_argument("--budget-s", type=float, default=None, help="stop starting configurations after this many "
-                   "seconds (default: no limit); rerun to continue")
+    p.add_argument("--budget-s", type=cli_real(1, MAX_BUDGET_S, "seconds of the grid's budget", "s"), default=None,
+                   help="stop starting configurations after this many seconds, 1..30 days (default: no limit); "
+                   "rerun to continue")
     p.add_argument("--summarize-only", action="store_true", help="only write the summary and plots again from "
                    "the CSV (no GPU needed)")
     p.add_argument("--json", action="store_true", help="print the summary as standard JSON")

@@ -55,7 +55,7 @@ from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
 from xstage.results.timing import time_device, time_in_turns
-from xstage.sched.exchange import chooser, fit_exchange_costs
+from xstage.sched.exchange import check_call_shape, chooser, fit_exchange_costs
 from xstage.sched.measured import load_results
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
@@ -504,6 +504,11 @@ def _handler(args) -> int:
                 shapes = []
             if not shapes or any(len(t) != 3 for t in shapes):
                 raise InputError(f"--core-shapes {args.core_shapes!r}: expected TOKENSxHEADSxDIM[,...]")
+            try:
+                checked = [check_call_shape(h, d, t, 1, ("heads", "dim", "tokens", "ranks")) for t, h, d in shapes]
+                shapes = [(t, h, d) for h, d, t, _ in checked]
+            except InputError as exc:
+                raise InputError(f"--core-shapes {args.core_shapes!r}: {exc}") from None
     measuring = not args.summarize_only
     if measuring and not args.core:
         select(grid_configs(args.grid_set), args.only)  # an --only that selects nothing fails here

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.bounds import MAX_BOOTSTRAP, MAX_SMS, MAX_WORKERS, check_int, number_from_text
 from xstage.errors import InputError
 from xstage.model import closed_form as cf
 from xstage.model import intervals as iv
@@ -44,9 +45,6 @@ from xstage.results.progress import Progress, say
 KIB = 1024
 MAX_BURST_BYTES = 64 * 1024**3  # 64 GiB per SM per burst: beyond any GPU's memory
 MAX_GAP_NS = 60e9  # 60 s of compute between bursts
-MAX_SMS = 4096  # issuing SMs (an H200 has 132)
-MAX_BOOTSTRAP = 10_000
-MAX_WORKERS = 256
 PREDICT_BURSTS = 24  # bursts per SM in the simulated launch, like the reference probe
 STEADY_BURSTS = (12, 23)  # the bursts pooled for the steady state, like the reference probe
 PLOT_SUFFIXES = ("-issue-vs-burst.png", "-issue-vs-gap.png")  # `--plot DIR` writes <path><suffix> in DIR
@@ -84,15 +82,9 @@ def parse_time(text: str, name: str = "time", max_ns: float = MAX_GAP_NS) -> flo
     return v
 
 
-def parse_count(text, name: str, lo: int, hi: int) -> int:
-    """An integer in lo..hi from a command-line string."""
-    try:
-        v = int(str(text).strip())
-    except ValueError:
-        raise InputError(f"{name} must be an integer in {lo}..{hi}, got {text!r}") from None
-    if not lo <= v <= hi:
-        raise InputError(f"{name} must be an integer in {lo}..{hi}, got {text!r}")
-    return v
+def parse_count(text, name: str, lo: int, hi: int, what: str) -> int:
+    """An integer in lo..hi from a command-line string (`xstage.bounds.check_int`)."""
+    return check_int(number_from_text(text, name), name, lo, hi, what)
 
 
 def _fmt(name: str, v: float) -> str:
@@ -250,7 +242,7 @@ def run_model(args) -> int:
         raise InputError("--data needs --plot (the data is only drawn over the model's curves)")
     nbytes = parse_size(args.burst, "--burst") if args.burst is not None else None
     gap = parse_time(args.gap if args.gap is not None else "0", "--gap")
-    n_sm = parse_count(args.sms if args.sms is not None else 1, "--sms", 1, MAX_SMS)
+    n_sm = parse_count(args.sms if args.sms is not None else 1, "--sms", 1, MAX_SMS, "issuing SMs")
     outs = Outputs("xstage model", force=args.force, inputs=[("--profile", args.profile), ("--data", args.data)])
     plot_dir = outs.folder(args.plot, "--plot") if args.plot else None
     prof = _load_profile(args.profile)
@@ -306,9 +298,9 @@ def _stage_callbacks(bar: Progress):
 
 def run_fit(args) -> int:
     # Arguments and the output location first: a long fit never ends in an error about them.
-    bootstrap = parse_count(args.bootstrap, "--bootstrap", 0, MAX_BOOTSTRAP)
-    workers = parse_count(args.workers, "--workers", 1, MAX_WORKERS)
-    seed = parse_count(args.seed, "--seed", 0, 2**32 - 1)
+    bootstrap = parse_count(args.bootstrap, "--bootstrap", 0, MAX_BOOTSTRAP, "bootstrap rounds")
+    workers = parse_count(args.workers, "--workers", 1, MAX_WORKERS, "processes")
+    seed = parse_count(args.seed, "--seed", 0, 2**32 - 1, "seed of the bootstrap")
     outs = Outputs("xstage fit", force=args.force, inputs=[("data", args.data)])
     out = outs.file(args.output, "-o")
     ckpt = checkpoint_path(out)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from xstage.bounds import MAX_BOOTSTRAP, MAX_SMS, cli_int
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
@@ -35,6 +36,8 @@ from xstage.results.select import only_spec, select
 OUTPUT_FILES = ("summary.csv", "experiments.json", "summary.md", "plots/*.png")
 FIT_FILES = ("fit.json", "profile.json")
 RUN_FILE = "run.json"
+
+MAX_REPEATS = 10_000  # recorded launches per configuration: the sweeps' defaults are a few
 
 
 def _sm_count(args) -> int:
@@ -61,13 +64,7 @@ def _init_peer_group():
 
 def run_probe(args) -> int:
 
-    sweeps = parse_sweeps(args.sweep, args.path)
-    if args.repeats is not None and args.repeats < 1:
-        raise InputError(f"--repeats {args.repeats}: must be >= 1")
-    if args.sm_count is not None and args.sm_count < 1:
-        raise InputError(f"--sm-count {args.sm_count}: must be >= 1")
-    if args.bootstrap < 0:
-        raise InputError(f"--bootstrap {args.bootstrap}: must be >= 0")
+    sweeps = parse_sweeps(args.sweep, args.path)  # the numbers are checked by their `type=`
     if args.plan:
         planned = [{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))]
         chosen = select(planned, args.only)
@@ -130,14 +127,17 @@ def register(sub) -> None:
     p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2",
                    help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...); repeatable "
                    "(default: all)")
-    p.add_argument("--repeats", type=int, help="recorded launches per configuration (default per sweep)")
+    p.add_argument("--repeats", type=cli_int(1, MAX_REPEATS, "recorded launches per configuration"),
+                   help=f"recorded launches per configuration, 1..{MAX_REPEATS} (default per sweep)")
     p.add_argument("--plan", action="store_true", help="list the configurations and stop (nothing is measured)")
-    p.add_argument("--sm-count", type=int, help="SM count to plan for (default: this GPU, else the SM count of "
-                   "the embedded profile's GPU)")
+    p.add_argument("--sm-count", type=cli_int(1, MAX_SMS, "SMs of the GPU to plan for"),
+                   help=f"SM count to plan for, 1..{MAX_SMS} (default: this GPU, else the SM count of the embedded "
+                   "profile's GPU)")
     p.add_argument("--analyse-only", action="store_true", help="skip measuring; analyse what -o holds")
     p.add_argument("--no-fit", action="store_true", help="skip fitting the profile")
-    p.add_argument("--bootstrap", type=int, default=20, help="bootstrap rounds for parameter intervals; fewer "
-                   "than 20 give a range, not a 95%% interval (default %(default)s)")
+    p.add_argument("--bootstrap", type=cli_int(0, MAX_BOOTSTRAP, "bootstrap rounds"), default=20,
+                   help=f"bootstrap rounds for parameter intervals, 0..{MAX_BOOTSTRAP}; fewer than 20 give a range, "
+                   "not a 95%% interval (default %(default)s)")
     add_force_option(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar (default: progress on standard error)")
     p.add_argument("--json", action="store_true", help="print the result as standard JSON")

@@ -17,6 +17,7 @@ GPU; the largest count is always the whole GPU.
 
 from __future__ import annotations
 
+from xstage.bounds import MAX_SMS, check_int
 from xstage.errors import InputError
 from xstage.probe.runner import BurstConfig
 
@@ -95,8 +96,7 @@ def parse_sweeps(spec: str, path: str) -> list[str]:
 
 def plan(names, path: str, sm_count: int) -> list[tuple[str, BurstConfig]]:
     """The configurations of sweeps `names` on `path` for a GPU of `sm_count` SMs, validated."""
-    if sm_count < 1:
-        raise InputError(f"sm_count {sm_count}: must be >= 1")
+    sm_count = check_int(sm_count, "sm_count", 1, MAX_SMS, "SMs of the GPU to plan for")
     out = []
     for name in names:
         if name not in _PLANNERS:

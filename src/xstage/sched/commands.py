@@ -11,16 +11,19 @@ Long work reports progress on standard error (`xstage.results.progress.Progress`
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from xstage.attention.exchange import parse_exchange
+from xstage.attention.flash import SUPPORTED_HEAD_DIMS
+from xstage.bounds import INT64_MAX, MAX_RANKS, MAX_WORKERS, cli_int, cli_type
 from xstage.comm.pacing import spec_of
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import environment, has_gpu
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
 from xstage.model.interference import load_default_interference
-from xstage.moe.buffer import check_block_size
+from xstage.moe.buffer import MAX_TOKENS_PER_RANK, check_block_size
 from xstage.moe.pacing import AUTO, PACING_CANDIDATES, resolve_pacing
 from xstage.moe.problem import MoeShape, parse_block
 from xstage.moe.schedule import CANDIDATES, check_schedule
@@ -35,6 +38,10 @@ from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
 from xstage.sched.exchange import (
+    MAX_HEADS,
+    MAX_SEQ_TOKENS,
+    check_call_shape,
+    check_head_dim,
     check_predictable,
     default_exchange_costs,
     fit_exchange_costs,
@@ -42,8 +49,8 @@ from xstage.sched.exchange import (
     validate_exchange,
 )
 from xstage.sched.measured import load_results
-from xstage.sched.moe import MoeConfig, moe_dtype_fields
-from xstage.sched.plan import check_plannable, default_ctas, plan_moe
+from xstage.sched.moe import MoeConfig, check_seed, moe_dtype_fields
+from xstage.sched.plan import CTAS_MEANING, MAX_PLAN_CTAS, MAX_PLAN_TOKENS, check_plannable, default_ctas, plan_moe
 from xstage.sched.timeline import plot_timeline
 from xstage.sched.ulysses import attention_costs
 from xstage.sched.validate import fused_rows, validate_moe
@@ -52,27 +59,21 @@ PLOT_NAME = "plan_timeline.png"  # what `--plot FOLDER` writes in the folder
 MOE_COSTS, MOE_TILES = "moe-task-costs.json", "moe-tiles.csv"  # what `plan calibrate -o DIR` writes
 ATTENTION_COSTS = "attention-task-costs.json"  # what `plan attention-costs -o DIR` writes
 VALIDATION = {"moe": ("validation.csv", "validation.png"), "ulysses": ("validation-ulysses.csv",)}
+ULYSSES_FLAGS = ("--heads", "--dim", "--tokens", "--ranks")
+MAX_REPS = 1000  # traced runs per calibrated shape; the median of a few is what is kept
 
 
 # ---- argument checks (before any work) -------------------------------------------------------------
 
-def checked_int(arg: str, value, what: str, minimum: int = 1) -> int:
-    """`value` as an int >= `minimum`, else `InputError` naming `arg` (e.g. `--ctas 0`)."""
-    try:
-        v = int(str(value).strip())
-    except ValueError:
-        raise InputError(f"{arg} {value}: must be an integer ({what})") from None
-    if v < minimum:
-        raise InputError(f"{arg} {value}: must be >= {minimum} ({what})")
-    return v
+def int_list(lo: int, hi: int, what: str):
+    """An argparse `type=` for comma-separated integers in `lo..hi` (`--tokens 1024,4096`)."""
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in str(text).split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r}: give at least one {what}")
+        return [cli_int(lo, hi, what)(t) for t in items]
 
-
-def int_list(arg: str, text: str, what: str) -> list[int]:
-    """Comma-separated positive integers (`--tokens 1024,4096`)."""
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
-        raise InputError(f"{arg} {text!r}: give at least one {what}")
-    return [checked_int(arg, t, what) for t in items]
+    return parse
 
 
 def block_m_list(text: str | None) -> list[int] | None:
@@ -150,22 +151,19 @@ def _load_costs(costs_path: str | None, kernel: str, dtype: str = "bf16") -> Tas
 def _pacing(arg: str, spec: str, path: str, ranks: int):
     try:
         return resolve_pacing(spec, path, ranks)
-    except InputError as exc:
-        raise InputError(f"{arg} {spec}: {exc}") from None
+    except InputError as exc:  # the spec once, named by its flag
+        raise InputError(f"{arg} {spec}: {str(exc).removeprefix(f'pacing {spec!r}: ')}") from None
 
 
 # ---- handlers --------------------------------------------------------------------------------------
 
 def run_plan_moe(args) -> int:
     shape = MoeShape.parse(args.shape, "--shape")
-    tokens = checked_int("--tokens", args.tokens, "tokens per rank")
-    ep = checked_int("--ep", args.ep, "expert-parallel ranks")
+    tokens, ep, ctas, seed = args.tokens, args.ep, args.ctas, args.seed  # checked by their `type=`
     if shape.num_experts % ep:
         raise InputError(f"--ep {ep}: must divide the {shape.num_experts} experts of --shape {shape}")
     if shape.topk > shape.num_experts:
         raise InputError(f"--shape {shape}: top-k {shape.topk} is more than its {shape.num_experts} experts")
-    ctas = None if args.ctas is None else checked_int("--ctas", args.ctas, "persistent CTAs")
-    seed = checked_int("--seed", args.seed, "routing seed", minimum=0)
     block_ms = block_m_list(args.block_m)
     candidates = schedule_list(args.candidates)
     outs = Outputs("xstage plan moe", force=args.force, inputs=[("--profile", args.profile), ("--costs", args.costs)])
@@ -219,8 +217,7 @@ def run_calibrate(args) -> int:
     if not shapes:
         raise InputError(f"--shapes {args.shapes!r}: give at least one shape, e.g. H4096-I2048-E256-K6")
     parsed = [MoeShape.parse(s, "--shapes") for s in shapes]
-    tokens = int_list("--tokens", args.tokens, "token count")
-    reps = checked_int("--reps", args.reps, "traced runs per shape")
+    tokens, reps = args.tokens, args.reps  # checked by their `type=`
     dtype = dtype_name(parse_dtype(args.dtype, "--dtype", allowed=("bf16", *FP8_DTYPES)))
     for spec in args.block or ():
         for s in parsed:
@@ -266,11 +263,7 @@ def _add_calibration(p) -> None:
 
 
 def run_plan_ulysses(args) -> int:
-    sizes = {arg: checked_int(arg, getattr(args, name), what) for arg, name, what in (
-        ("--heads", "heads", "attention heads"), ("--dim", "dim", "head dim"),
-        ("--tokens", "tokens", "sequence length"), ("--ranks", "ranks", "sequence-parallel ranks"))}
-    if sizes["--ranks"] > sizes["--heads"]:
-        raise InputError(f"--ranks {sizes['--ranks']}: must be <= --heads {sizes['--heads']} (each rank gets heads)")
+    sizes = dict(zip(ULYSSES_FLAGS, check_call_shape(args.heads, args.dim, args.tokens, args.ranks, ULYSSES_FLAGS)))
     cands = exchange_list(args.candidates)
     costs = _exchange_costs(args.calibration)
     ranked = plan_exchange(sizes["--heads"], sizes["--dim"], sizes["--tokens"], sizes["--ranks"], costs, cands)
@@ -315,7 +308,7 @@ def run_validate(args) -> int:
         ("--calibration", args.calibration)])
     outs.folder(args.out, "-o")  # a usable folder; its files are declared once the results' kind is known
     env = environment()
-    workers = checked_int("--workers", args.workers, "processes")
+    workers = args.workers  # checked by its `type=`
     candidates = schedule_list(args.candidates)
     try:
         Variant("expert_wave", args.default_pacing)  # a malformed pacing fails here, before any simulation
@@ -378,19 +371,23 @@ def register(sub) -> None:
     m = kinds.add_parser("moe", help="plan the fused MoE kernel's schedule")
     m.add_argument("--shape", required=True, help="MoE shape H<hidden>-I<intermediate>-E<experts>-K<topk> "
                    "(sizes in elements; required), e.g. H4096-I2048-E256-K6")
-    m.add_argument("--tokens", type=int, required=True, help="tokens per rank (a positive count; required)")
-    m.add_argument("--ep", type=int, required=True, help="expert-parallel group size in ranks; must divide the "
-                   "shape's experts (required)")
+    m.add_argument("--tokens", type=cli_int(1, MAX_PLAN_TOKENS, "tokens per rank the planner simulates"),
+                   required=True, help=f"tokens per rank, 1..{MAX_PLAN_TOKENS} (required)")
+    m.add_argument("--ep", type=cli_int(1, MAX_RANKS, "expert-parallel ranks"), required=True,
+                   help=f"expert-parallel group size in ranks, 1..{MAX_RANKS}; must divide the shape's experts "
+                   "(required)")
     _add_model_files(m, "the MoE kernel, from `xstage plan calibrate`")
-    m.add_argument("--ctas", type=int, default=None, help="persistent CTAs, >= 1 (default: this GPU's SM count, "
-                   "else the SM count of the profile's GPU)")
+    m.add_argument("--ctas", type=cli_int(1, MAX_PLAN_CTAS, CTAS_MEANING), default=None,
+                   help=f"persistent CTAs, 1..{MAX_PLAN_CTAS} (default: this GPU's SM count, else the SM count of "
+                   "the profile's GPU)")
     m.add_argument("--candidates", metavar="S1,S2", help="comma-separated schedules to rank (default: "
                    f"{','.join(CANDIDATES)})")
     m.add_argument("--block-m", metavar="BM1,BM2", help="comma-separated BLOCK_M values to try, in rows per tile: "
                    "powers of two >= 16 (default: the kernel's 128)")
     m.add_argument("--dtype", default="bf16", help="the buffer's dtype: bf16, or fp8 (1-byte operands in the FP8 "
                    "default tiles, BF16 combine rows; default: %(default)s)")
-    m.add_argument("--seed", type=int, default=0, help="seed of the synthetic routing, >= 0 (default: 0)")
+    m.add_argument("--seed", type=cli_type(check_seed), default=0, help="seed of the synthetic routing, "
+                   "0..2^63-1 (default: 0)")
     m.add_argument("--pacing", default=AUTO, help="the kernel's store pacing: auto (rank every schedule under "
                    f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
                    "or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
@@ -403,11 +400,14 @@ def register(sub) -> None:
     m.set_defaults(handler=run_plan_moe)
 
     u = kinds.add_parser("ulysses", help="rank every Ulysses exchange (serial, overlap, stores) for one call shape")
-    u.add_argument("--heads", type=int, required=True, help="attention heads over all ranks (required)")
-    u.add_argument("--dim", type=int, required=True, help="head dim in elements (required)")
-    u.add_argument("--tokens", type=int, required=True, help="sequence length in tokens over all ranks (required)")
-    u.add_argument("--ranks", type=int, required=True, help="sequence-parallel group size in ranks, <= --heads "
-                   "(required)")
+    u.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
+                   help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
+    u.add_argument("--dim", type=cli_type(check_head_dim), required=True, help="head dim in elements, one of "
+                   f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (the attention kernel's; required)")
+    u.add_argument("--tokens", type=cli_int(1, MAX_SEQ_TOKENS, "sequence length over all ranks"), required=True,
+                   help=f"sequence length in tokens over all ranks, 1..{MAX_SEQ_TOKENS} (required)")
+    u.add_argument("--ranks", type=cli_int(1, MAX_RANKS, "sequence-parallel ranks"), required=True,
+                   help=f"sequence-parallel group size in ranks, 1..{MAX_RANKS} and <= --heads (required)")
     _add_calibration(u)
     u.add_argument("--candidates", metavar="X1,X2", help="comma-separated exchanges: serial[:CORE], "
                    "overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]] "
@@ -431,14 +431,15 @@ def register(sub) -> None:
     add_force_option(c)
     c.add_argument("--shapes", metavar="S1,S2", help="comma-separated MoE shapes H<hidden>-I<inter>-E<experts>-K<topk> "
                    f"(default: the benchmark shapes {','.join(CALIBRATION_SHAPES)})")
-    c.add_argument("--tokens", default="4096", metavar="T1,T2", help="comma-separated token counts of the traced "
-                   "runs, tokens per rank at EP=1 (default: 4096)")
+    c.add_argument("--tokens", type=int_list(1, MAX_TOKENS_PER_RANK, "tokens per rank of a traced run"),
+                   default=[4096], metavar="T1,T2", help="comma-separated token counts of the traced runs, tokens "
+                   f"per rank at EP=1, each 1..{MAX_TOKENS_PER_RANK} (default: 4096)")
     c.add_argument("--block", action="append", metavar="SPEC", help="tile config BM:BN1:BN2:BK:WARPS:STAGES "
                    "(block sizes in elements), repeatable (default: the benchmark's choice per shape)")
     c.add_argument("--dtype", default="bf16", help="the traced buffer's dtype: bf16, or fp8 (its default tiles "
                    "unless --block; rows carry elem_bytes 1; default: %(default)s)")
-    c.add_argument("--reps", type=int, default=3, help="traced runs per shape whose median is taken, >= 1 "
-                   "(default: 3)")
+    c.add_argument("--reps", type=cli_int(1, MAX_REPS, "traced runs per shape"), default=3,
+                   help=f"traced runs per shape whose median is taken, 1..{MAX_REPS} (default: 3)")
     c.add_argument("--model-shapes", metavar="S1,S2", help="comma-separated traced shapes to fit the tile model "
                    "(xstage.sched.tilecost) on, to score it on the others (default: every traced shape)")
     c.add_argument("--schedules", default="expert_wave", metavar="S1,S2", help="comma-separated schedules to trace; "
@@ -458,10 +459,12 @@ def register(sub) -> None:
     _add_model_files(v, "the measured kernel (MoE or attention)")
     v.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="validate only rows whose "
                    "column KEY has one of the values; repeatable, all must match (default: every row)")
-    v.add_argument("--workers", type=int, default=1, help="processes for the MoE simulations, >= 1 (default: 1)")
+    v.add_argument("--workers", type=cli_int(1, MAX_WORKERS, "processes"), default=1,
+                   help=f"processes for the MoE simulations, 1..{MAX_WORKERS} (default: 1)")
     v.add_argument("--candidates", metavar="S1,S2", help="schedules a configuration needs measured to count for "
                    f"the pick accuracy (default: the planner's, {','.join(CANDIDATES)})")
-    v.add_argument("--pool-bytes", type=int, default=None, help="MoE results: the row pool of the kernel that "
+    v.add_argument("--pool-bytes", type=cli_int(1, INT64_MAX, "bytes of the row pool"), default=None,
+                   help="MoE results: the row pool of the kernel that "
                    "measured them, in bytes (268435456 is the default pool); default: none, for results of the "
                    "kernel before the row pool")
     v.add_argument("--default-pacing", default="default", help="pacing of variants without an @ suffix: default "
