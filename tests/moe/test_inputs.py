@@ -220,3 +220,14 @@ def test_fused_moe_checks_the_call_numbers_before_launching():
             fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", **kw)
     with pytest.raises(InputError, match=r"^buf: expected a MoEBuffer, got str$"):
         fused_moe(x, idx, w, w1t, w2, "buf")
+
+
+@pytest.mark.parametrize("text, match", [
+    ("lag:4@1e290:128", r"RATE_GBPS=1e\+290: must be a finite number in 1\.\.10000 GB/s"),
+    ("lag:4@50:1e300", r"BUDGET_KIB=1e\+300: must be a finite number in 0\.\.1048576 KiB"),
+])
+def test_variants_refuse_absurd_pacings(text, match):
+    from xstage.moe.variant import Variant
+
+    with pytest.raises(InputError, match=match):
+        Variant.parse(text)
