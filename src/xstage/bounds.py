@@ -10,7 +10,9 @@
   ...)` does the same for any validator of that form (a head dim, say).
 
 Every refusal is one line that names the argument, the value and the bound, with what the number
-means: `--ctas 99999999: must be an integer in 1..4096 (persistent CTAs the planner simulates)`.
+means: `timeout_ns=nan: must be an integer in 1..3600000000000 (progress watchdog of device waits, in
+ns)`, or from the command line `argument --ctas: 99999999: must be an integer in 1..16384 (persistent
+CTAs the planner simulates)`.
 `INT64_MAX` is the ceiling of every integer bound: the kernels, numpy and torch keep counts in int64.
 
 Bounds shared by several floors live here too (`MAX_SMS`, `MAX_RANKS`); a bound that only one module
