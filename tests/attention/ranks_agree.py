@@ -114,7 +114,7 @@ def _refusals(rank, world, device, D, interp, failures):
     if interp:
         bf = [t.to(torch.bfloat16) for t in (q, k, v)]
         cases.append(("bf16 in the interpreter", {1: lambda: attn(q=bf[0], k=bf[1], v=bf[2])},
-                      {1: "q.dtype: bfloat16 cannot run in Triton's CPU interpreter"}, "q"))
+                      {1: "q.dtype=bf16: dtype bf16 cannot run in Triton's CPU interpreter"}, "q"))
     for name, calls, own, arg in cases:
         first = min(own)
         try:

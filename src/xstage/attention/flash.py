@@ -376,19 +376,10 @@ def check_tensors(q, k, v) -> None:
         raise InputError(f"q, k, v: dtypes must match, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise InputError("q, k, v: must be on one device")
-    _refuse_interpreter_bf16("q", q.dtype)
+    backend.refuse_interpreter_bf16(q.dtype, "q.dtype")
     D = q.shape[3]
     if D not in SUPPORTED_HEAD_DIMS:
         raise InputError(f"q: head dim D={D}: must be one of {SUPPORTED_HEAD_DIMS}")
-
-
-# TODO(shared bf16 check): switch to the shared helper of xstage.dtypes / xstage.backend at merge.
-def _refuse_interpreter_bf16(name: str, dtype: torch.dtype) -> None:
-    """bf16 cannot run in Triton's CPU interpreter: its tl.dot computes bf16 products wrongly (the
-    outputs are garbage, not merely imprecise), so the kernels would return wrong numbers."""
-    if dtype == torch.bfloat16 and interpreter_active():
-        raise InputError(f"{name}.dtype: bfloat16 cannot run in Triton's CPU interpreter (TRITON_INTERPRET=1), "
-                         "whose tl.dot computes bf16 wrongly; use float16 or float32 there, or run on a GPU")
 
 
 def _check_qkv(q, k, v):
