@@ -1,4 +1,14 @@
-"""Resumable long-format CSV results: one row per measurement, environment columns on every row.
+"""Reading every input file, and resumable long-format CSV results.
+
+Reading (`read_table` / `read_rows` for CSV, `read_json`, both through `read_text` and `read_bytes`):
+the checks every loader needs, in one place, each refusal one `InputError` line naming the file (and
+the line and column): a missing file, a folder, a FIFO or a device, compressed data, text that is not
+UTF-8 (a UTF-8 byte-order mark is accepted), unnamed or repeated CSV columns, rows of the wrong width,
+a CSV of another kind than the loader reads (`CSV_KINDS`: named for the kind it looks like), the
+loader's required columns, and a file without rows. `cell_time`, `cell_count`, `cell_number` read
+one value of a row: NaN, infinities, negative times and sizes are refused, naming line and column.
+
+Writing: results are one row per measurement, with environment columns on every row.
 
 A grid run opens a `ResultWriter` on its CSV with the columns that identify a configuration
 (`key_columns`). Rows whose key is already in the file are skipped by the caller (`writer.done(key)`),
@@ -14,10 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
+import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from xstage.env import UNKNOWN_COMMITS, environment
@@ -38,26 +52,274 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def read_rows(path: str | os.PathLike) -> list[dict[str, str]]:
-    """All complete rows of a result CSV as dicts of strings (a torn last line is ignored)."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"results file {path}: does not exist")
-    with path.open(newline="") as f:
-        lines = f.read().splitlines(keepends=True)
-    if not lines:
-        return []
-    if not lines[-1].endswith("\n"):
-        lines = lines[:-1]
-    reader = csv.DictReader(lines)
-    if reader.fieldnames is None:
-        return []
-    rows = []
-    for i, row in enumerate(reader, start=2):
-        if None in row or any(v is None for v in row.values()):
-            raise InputError(f"results file {path}, line {i}: expected {len(reader.fieldnames)} fields")
-        rows.append(row)
-    return rows
+# ---- reading: one path for every file a command reads --------------------------------------------
+
+# Leading bytes of compressed files: such a file named `.csv` or `.json` is refused by name.
+_COMPRESSED = ((b"\x1f\x8b", "gzip-compressed", "gunzip"), (b"\xfd7zXZ\x00", "xz-compressed", "unxz"),
+               (b"PK\x03\x04", "a zip archive", "unzip"), (b"PK\x05\x06", "a zip archive", "unzip"),
+               (b"(\xb5/\xfd", "zstd-compressed", "unzstd"))
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_bytes(path: str | os.PathLike, what: str = "file") -> bytes:
+    """The bytes of the regular file `path`. Refused with one `InputError` naming `what` and the path:
+    a missing file, a folder, a FIFO, a socket or a device (said which; a FIFO is opened without
+    blocking and never read), a file that cannot be read."""
+    p = Path(path)
+    label = f"{what} {p}"
+    try:
+        mode = os.stat(p).st_mode
+    except FileNotFoundError:
+        raise InputError(f"{label}: does not exist") from None
+    except NotADirectoryError:
+        raise InputError(f"{label}: does not exist (a folder on its path is a file)") from None
+    except OSError as exc:
+        raise InputError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise InputError(f"{label}: is {_file_type(mode)}, not a regular file; give a file")
+    try:
+        # O_NONBLOCK: should the path turn into a FIFO after the check above, opening it does not wait
+        # for a writer (fstat below then refuses it).
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise InputError(f"{label}: is {_file_type(mode)}, not a regular file; give a file")
+            return f.read()
+    except OSError as exc:
+        raise InputError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The text of `path` (`read_bytes`), decoded as UTF-8; a UTF-8 byte-order mark is accepted and
+    dropped. Refused by name: compressed files (gzip, bzip2, xz, zip, zstd), UTF-16 text, binary data
+    (NUL bytes) and bytes that are not UTF-8 (the line is named)."""
+    data = read_bytes(path, what)
+    label = f"{what} {Path(path)}"
+    for magic, name, tool in _COMPRESSED:
+        if data.startswith(magic):
+            raise InputError(f"{label}: is {name}; decompress it first ({tool})")
+    if data.startswith(b"BZh") and data[3:4].isdigit():
+        raise InputError(f"{label}: is bzip2-compressed; decompress it first (bunzip2)")
+    if data.startswith(_UTF16_BOMS):
+        raise InputError(f"{label}: is UTF-16 text; save it as UTF-8")
+    if b"\x00" in data:
+        line = data.count(b"\n", 0, data.index(b"\x00")) + 1
+        raise InputError(f"{label}, line {line}: holds NUL bytes (binary data), not UTF-8 text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise InputError(f"{label}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                         "save it as UTF-8") from None
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file", *, allow_nonfinite: bool = False):
+    """The JSON document in `path`, read through `read_text` (the same refusals). `NaN` and
+    `Infinity` are not standard JSON and are refused unless `allow_nonfinite` (files whose writer
+    allowed them). Errors name the file, line and column."""
+    text = read_text(path, what)
+    label = f"{what} {Path(path)}"
+    if not text.strip():
+        raise InputError(f"{label}: is empty; expected a JSON document")
+    try:
+        return json.loads(text, parse_constant=None if allow_nonfinite else _reject_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{label}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
+    except ValueError as exc:
+        raise InputError(f"{label}: {exc}; write null or a finite number") from None
+
+
+@dataclass(frozen=True)
+class CsvKind:
+    """A kind of CSV xstage reads: what people call it, what writes it, and the columns that tell it
+    from the other kinds (a file whose header has all of `signature` looks like this kind)."""
+
+    name: str
+    made_by: str
+    signature: tuple[str, ...]
+
+    def a(self) -> str:
+        return f"{'an' if self.name[0] in 'aeio' else 'a'} {self.name} CSV (from {self.made_by})"
+
+
+# Every kind, so that a file of one kind given where another is read is named for what it is.
+CSV_KINDS = {
+    "moe": CsvKind("MoE results", "`xstage bench moe`", ("shape", "H", "I", "E", "K", "ep", "variant")),
+    "ulysses": CsvKind("Ulysses results", "`xstage bench ulysses`", ("heads", "dim", "tokens", "P", "variant")),
+    "ulysses-core": CsvKind("attention-core results", "`xstage bench ulysses --core`",
+                            ("impl", "layout", "ratio_vs_cudnn")),
+    "probe-long": CsvKind("probe measurements", "`xstage probe`, raw/*.csv", ("cta", "issue_ns")),
+    "probe-summary": CsvKind("probe summary", "`xstage probe`, summary.csv", ("issue_median_ns",)),
+    "probe-reference": CsvKind("reference probe", "the CUDA reference probe, h200-hostlink-probe.csv",
+                               ("dst", "nblocks", "issue_first")),
+    "moe-tiles": CsvKind("MoE tile timings", "`xstage plan calibrate`, moe-tiles.csv",
+                         ("kind", "block", "work", "median_ns")),
+    "moe-validation": CsvKind("MoE validation", "`xstage plan validate`, validation.csv",
+                              ("measured_ns", "predicted_ns", "rel_error")),
+    "ulysses-validation": CsvKind("Ulysses validation", "`xstage plan validate`, validation-ulysses.csv",
+                                  ("exchange", "overhead_error")),
+}
+
+
+@dataclass(frozen=True)
+class Table:
+    """The rows of one CSV (dicts of strings), its `kind` (a key of `CSV_KINDS`, None when not asked),
+    its column names and each row's line in the file."""
+
+    path: Path
+    kind: str | None
+    columns: list[str]
+    rows: list[dict[str, str]]
+    lines: list[int]
+
+    def where(self, i: int) -> str:
+        return f"{self.path}, line {self.lines[i]}"
+
+
+def _kind_of(header: list[str], kinds: Mapping[str, Sequence[str]], label: str) -> str:
+    """The kind among `kinds` (kind -> required columns) that `header` is: the first whose signature
+    it has (the only one, when one is asked and no other kind fits better). Otherwise one line
+    saying which kind the file looks like, or which required columns it lacks."""
+    have = set(header)
+
+    def looks(k: str) -> bool:
+        return set(CSV_KINDS[k].signature) <= have
+
+    kind = next((k for k in kinds if looks(k)), None)
+    if kind is None:
+        wanted = " or ".join(CSV_KINDS[k].a() for k in kinds)
+        others = [k for k in CSV_KINDS if k not in kinds and looks(k)]
+        if others:
+            raise InputError(f"{label}: looks like {CSV_KINDS[others[0]].a()}, not {wanted}")
+        if len(kinds) > 1:
+            shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
+            known = ", ".join(f"{CSV_KINDS[k].name} ({', '.join(CSV_KINDS[k].signature)}, ...)" for k in kinds)
+            raise InputError(f"{label}: its columns ({shown}) match none of the kinds read here: {known}")
+        kind = next(iter(kinds))
+    missing = [c for c in kinds[kind] if c not in have]
+    if missing:
+        raise InputError(f"{label}: no column(s) {', '.join(missing)}; {CSV_KINDS[kind].a()} has "
+                         f"{', '.join(kinds[kind])}")
+    return kind
+
+
+def read_table(path: str | os.PathLike, kinds: Mapping[str, Sequence[str]] | None = None, *,
+               what: str = "results file", allow_empty: bool = False) -> Table:
+    """Every complete row of the CSV `path` (a torn last line, from a run killed mid-row, is ignored).
+
+    The checks every CSV reader needs, in one place; each refusal is one `InputError` naming `what`,
+    the file and, where it applies, the line and column: the file itself (`read_text`: missing, not a
+    regular file, compressed, not UTF-8; a byte-order mark is dropped), unnamed or repeated column
+    names, rows with another number of fields than the header, the kind (`kinds` maps each kind the
+    caller reads, a key of `CSV_KINDS`, to the columns it requires; a file of another kind is named
+    for what it looks like), and a file without rows (unless `allow_empty`)."""
+    p = Path(path)
+    label = f"{what} {p}"
+    text = read_text(p, what)
+    if not text.strip():
+        raise InputError(f"{label}: is empty (no header, no rows)")
+    complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1] or text
+    reader = csv.reader(io.StringIO(complete, newline=""))
+    try:
+        header = next(reader, None) or []
+        body = [(reader.line_num, r) for r in reader if r]
+    except csv.Error as exc:
+        raise InputError(f"{label}, line {reader.line_num}: not CSV ({exc})") from None
+    columns = [c.strip() for c in header]
+    for i, c in enumerate(columns):
+        if not c:
+            raise InputError(f"{label}, line 1: column {i + 1} of the header has no name")
+        if c in columns[:i]:
+            raise InputError(f"{label}, line 1: column {c!r} appears twice (columns {columns.index(c) + 1} and "
+                             f"{i + 1}); each column must appear once")
+    kind = _kind_of(columns, kinds, label) if kinds else None
+    rows, lines = [], []
+    for line, r in body:
+        if len(r) != len(columns):
+            raise InputError(f"{label}, line {line}: {len(r)} fields, the header has {len(columns)}")
+        rows.append(dict(zip(columns, r)))
+        lines.append(line)
+    if not rows and not allow_empty:
+        torn = "" if text.endswith("\n") or complete is text else " (its last line has no line end: a torn row)"
+        raise InputError(f"{label}: a header but no rows{torn}")
+    return Table(p, kind, columns, rows, lines)
+
+
+def read_rows(path: str | os.PathLike, kinds: Mapping[str, Sequence[str]] | None = None, *,
+              what: str = "results file", allow_empty: bool = False) -> list[dict[str, str]]:
+    """The rows of `read_table` (same checks): dicts of strings keyed by column name."""
+    return read_table(path, kinds, what=what, allow_empty=allow_empty).rows
+
+
+# ---- cells: numbers read from rows ------------------------------------------------------------------
+
+def cell_text(row: Mapping, column: str, at: str) -> str:
+    """The stripped text of `row[column]` ('' when empty); `at` says where the row is."""
+    if column not in row:
+        raise InputError(f"{at}: no column {column}")
+    v = row[column]
+    return "" if v is None else str(v).strip()
+
+
+def _cell_number(row: Mapping, column: str, at: str, noun: str, optional: bool) -> float | None:
+    text = cell_text(row, column, at)
+    if not text:
+        if optional:
+            return None
+        raise InputError(f"{at}, column {column}: empty; a {noun} is needed")
+    try:
+        v = float(text)
+    except ValueError:
+        raise InputError(f"{at}, column {column}: {text!r} is not a number"
+                         + ("" if noun == "number" else f" (a {noun})")) from None
+    if not math.isfinite(v):
+        raise InputError(f"{at}, column {column}: {text}: must be a finite {noun}")
+    return v
+
+
+def cell_time(row: Mapping, column: str, at: str, *, optional: bool = False, zero: bool = False) -> float | None:
+    """`row[column]` as a time in ns: a finite number > 0 (>= 0 with `zero`). Empty: None if `optional`."""
+    v = _cell_number(row, column, at, "time in ns", optional)
+    if v is not None and (v < 0 or (v == 0 and not zero)):
+        raise InputError(f"{at}, column {column}: {cell_text(row, column, at)}: a time must be "
+                         f"{'>= 0' if zero else '> 0'} ns")
+    return v
+
+
+def cell_number(row: Mapping, column: str, at: str, *, optional: bool = False, positive: bool = False
+                ) -> float | None:
+    """`row[column]` as a finite number (> 0 with `positive`). Empty: None if `optional`."""
+    v = _cell_number(row, column, at, "number", optional)
+    if positive and v is not None and v <= 0:
+        raise InputError(f"{at}, column {column}: {cell_text(row, column, at)}: must be > 0")
+    return v
+
+
+def cell_count(row: Mapping, column: str, at: str, minimum: int = 1) -> int:
+    """`row[column]` as an integer >= `minimum` (a size or a count)."""
+    text = cell_text(row, column, at)
+    try:
+        v = int(text)
+    except ValueError:
+        raise InputError(f"{at}, column {column}: {text!r} is not an integer") from None
+    if v < minimum:
+        need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise InputError(f"{at}, column {column}: {text}: must be {need}")
+    return v
 
 
 class ResultWriter:
@@ -106,8 +368,8 @@ class ResultWriter:
                 csv.writer(f).writerow(self.columns)
 
     def _resume(self) -> None:
-        with self.path.open(newline="") as f:
-            header = next(csv.reader(f), None)
+        table = read_table(self.path, allow_empty=True)
+        header = table.columns
         if header != self.columns:
             absent = [c for c in self.columns if c not in (header or [])]
             if not header or any(c not in ENV_COLUMNS for c in absent) or header != [
@@ -118,9 +380,8 @@ class ResultWriter:
                 )
             # An older file without some provenance columns: keep its header, leave those out.
             self.columns = list(header)
-        rows = read_rows(self.path)
-        with self.path.open("rb") as f:
-            raw = f.read()
+        rows = table.rows
+        raw = read_bytes(self.path)
         if raw and not raw.endswith(b"\n"):
             # A killed run left a torn last row: drop it so appends start on a fresh line.
             tmp = self.path.with_suffix(self.path.suffix + ".tmp")
@@ -146,7 +407,7 @@ class ResultWriter:
             self.write(row)
 
     def rows(self) -> list[dict[str, str]]:
-        return read_rows(self.path)
+        return read_rows(self.path, allow_empty=True)
 
 
 def _umask() -> int:

@@ -64,7 +64,7 @@ from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.overlap import default_blocks, overlap_blocks
 from xstage.bounds import MAX_RANKS, check_int, label
 from xstage.errors import InputError
-from xstage.results.io import read_rows
+from xstage.sched.measured import load_results
 
 BLOCK_M = 128
 # Ranked by default (`exchange="auto"`, `plan ulysses`). The overlap blocks take the `waves` cut: in
@@ -462,7 +462,7 @@ def default_exchange_costs() -> ExchangeCosts:
     from xstage.model import load_default_profile
 
     with resources.as_file(resources.files("xstage.data") / CALIBRATION_CSV) as path:
-        rows = read_rows(path)
+        rows = load_results(path, kind="ulysses").rows
     return fit_exchange_costs(rows, drain=load_default_profile("host").params.drain,
                               source=f"xstage/data/{CALIBRATION_CSV}")
 

@@ -2,16 +2,20 @@
 `xstage bench moe` and `xstage bench ulysses` (what `xstage plan validate` and `xstage plan
 attention-costs` interpret).
 
-`load_results(path, kind=None, only=None)` reads a CSV, tells its kind from its header (a Ulysses CSV
-has `heads`, a MoE CSV `shape`), keeps the rows matching `--only`, checks them and returns them with
-their line numbers. Every refusal is one `InputError` naming the file, the line and the column:
+`load_results(path, kind=None, only=None)` reads a CSV (`xstage.results.io.read_table`: the file's
+own checks, and its kind told from its header), keeps the rows matching `--only`, checks them and
+returns them with their line numbers. Every refusal is one `InputError` naming the file, the line
+and the column:
 
-- the kind's columns are there (`MOE_COLUMNS`, `ULYSSES_COLUMNS`) and the file has rows;
+- the kind's columns are there (`MOE_COLUMNS`, `ULYSSES_COLUMNS`) and the file has rows; a CSV of
+  another kind is named for the kind it looks like;
 - sizes are positive integers (MoE `H I E K tokens ep`, and `block` `BMxBN1xBN2xBK` and `ctas` on
   the fused kernel's rows; Ulysses `heads dim tokens P grid`), `ep` divides `E`, `P` <= `heads`;
-- times (MoE `time_ns` and, where given, `time_p10_ns` / `time_p90_ns`; Ulysses `time_ns`, or
+- times (MoE `time_ns` and, where given, `time_p10_ns`, `time_p90_ns`, `reduce_ns`,
+  `combine_link_ns`; Ulysses `time_ns`, or
   `sender_ns` and `receiver_ns` in results from before `exchange=`) are numbers, finite and > 0 (a
-  Ulysses row whose `exchange_ok` records an error may have none);
+  Ulysses row whose `exchange_ok` records an error may have none); MoE `tflops` and `speedup`, where
+  given, are finite and > 0, and the measured errors (`MOE_ERRORS`) numbers;
 - variants are known: MoE `SCHEDULE[@PACING]` (`xstage.moe.Variant`) or a baseline (`BASELINES`),
   Ulysses one of `ULYSSES_VARIANTS` or an exchange spelling; MoE `path` one of `PATHS` and the
   optional `dtype` one of `MOE_DTYPES` (rows without it are BF16).
@@ -26,8 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +38,7 @@ from xstage.attention.exchange import parse_exchange
 from xstage.dtypes import DTYPES, FP8_DTYPES
 from xstage.errors import InputError
 from xstage.moe.variant import Variant
-from xstage.results.io import read_rows
+from xstage.results.io import CSV_KINDS, cell_count, cell_number, cell_text, cell_time, read_table
 from xstage.results.select import select
 
 BASELINES = ("unfused", "chain", "chain_fp8")  # MoE rows of the benchmarks' baselines, not of the fused kernel
@@ -48,7 +50,8 @@ MOE_COLUMNS = ("shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "
 ULYSSES_VARIANTS = ("pre_alltoall", "attention", "serial_triton", "serial_cudnn", "fused", "attention:triton",
                     "attention:cudnn")
 ULYSSES_COLUMNS = ("heads", "dim", "tokens", "P", "variant", "grid")
-KINDS = {"moe": ("`xstage bench moe`", MOE_COLUMNS), "ulysses": ("`xstage bench ulysses`", ULYSSES_COLUMNS)}
+KINDS = {"moe": MOE_COLUMNS, "ulysses": ULYSSES_COLUMNS}  # required columns, by kind (`xstage.results.io.CSV_KINDS`)
+MOE_ERRORS = ("max_err", "err_fp8_ref", "fro_f32")  # optional measured errors: a number, NaN and inf included
 
 
 @dataclass(frozen=True)
@@ -64,95 +67,38 @@ class Results:
         return f"{self.path}, line {self.lines[i]}"
 
 
-def _header(path: Path) -> list[str]:
-    with path.open(newline="") as f:
-        first = next(csv.reader(f), None)
-    return [c.strip() for c in first or [] if c.strip()]
-
-
-def _missing(columns: Sequence[str], have) -> list[str]:
-    return [c for c in columns if c not in have]
-
-
 def load_results(path, kind: str | None = None, only=None) -> Results:
     """The rows of results CSV `path` matching `only` (`--only KEY=V1,V2` filters), checked (see module
     docstring). `kind` ("moe" or "ulysses") requires that kind; None tells it from the header."""
-    path = Path(path)
     if kind is not None and kind not in KINDS:
         raise InputError(f"kind={kind!r}: must be one of {sorted(KINDS)}")
-    if path.is_dir():
-        raise InputError(f"results file {path}: is a folder; give the CSV written by `xstage bench`")
-    rows = read_rows(path)  # refuses a missing file and rows with the wrong number of fields
-    header = _header(path)
-    if not header:
-        raise InputError(f"results file {path}: empty; expected the CSV written by `xstage bench moe` or "
-                         "`xstage bench ulysses`")
-    if kind is None:
-        kind = "ulysses" if "heads" in header else "moe"
-    made_by, columns = KINDS[kind]
-    missing = _missing(columns, header)
-    if missing:
-        raise InputError(f"results file {path}: no column(s) {', '.join(missing)}; a {made_by} CSV has "
-                         f"{', '.join(columns)}")
-    if not rows:
-        raise InputError(f"results file {path}: a header but no rows")
-    line_of = {id(r): i for i, r in enumerate(rows, start=2)}
-    kept = select(rows, only) if only else rows
+    table = read_table(path, {k: KINDS[k] for k in ([kind] if kind else KINDS)})
+    line_of = {id(r): line for r, line in zip(table.rows, table.lines)}
+    kept = select(table.rows, only) if only else table.rows
     if not kept:
-        raise InputError(f"results file {path}: no rows match --only {' '.join(only)} ({len(rows)} rows in all)")
+        raise InputError(f"results file {table.path}: no rows match --only {' '.join(only)} "
+                         f"({len(table.rows)} rows in all)")
     lines = [line_of[id(r)] for r in kept]
-    (check_moe_rows if kind == "moe" else check_ulysses_rows)(kept, str(path), lines)
-    return Results(kind, path, kept, lines)
+    (check_moe_rows if table.kind == "moe" else check_ulysses_rows)(kept, str(table.path), lines)
+    return Results(table.kind, table.path, kept, lines)
 
 
 def _at(source: str, lines: Sequence[int] | None, i: int) -> str:
     return f"{source}, line {lines[i]}" if lines is not None else f"{source}, row {i + 1}"
 
 
-def _value(row: Mapping, column: str, at: str) -> str:
-    if column not in row:
-        raise InputError(f"{at}: no column {column}")
-    v = row[column]
-    return "" if v is None else str(v).strip()
-
-
-def _positive_int(row: Mapping, column: str, at: str) -> int:
-    text = _value(row, column, at)
-    try:
-        v = int(text)
-    except ValueError:
-        raise InputError(f"{at}, column {column}: {text!r} is not an integer") from None
-    if v < 1:
-        raise InputError(f"{at}, column {column}: {text}: must be a positive integer")
-    return v
-
-
-def _time(row: Mapping, column: str, at: str) -> float:
-    text = _value(row, column, at)
-    if not text:
-        raise InputError(f"{at}, column {column}: empty; a measured time in ns is needed")
-    try:
-        v = float(text)
-    except ValueError:
-        raise InputError(f"{at}, column {column}: {text!r} is not a number (a time in ns)") from None
-    if not math.isfinite(v):
-        raise InputError(f"{at}, column {column}: {text}: must be a finite time in ns")
-    if v <= 0:
-        raise InputError(f"{at}, column {column}: {text}: a time must be > 0 ns")
-    return v
-
-
-def _check_columns(rows: Sequence[Mapping], columns: Sequence[str], source: str, made_by: str) -> None:
+def _check_columns(rows: Sequence[Mapping], kind: str, source: str) -> None:
     if not rows:
         raise InputError(f"{source}: no rows")
-    missing = _missing(columns, rows[0])
+    missing = [c for c in KINDS[kind] if c not in rows[0]]
     if missing:
-        raise InputError(f"{source}: no column(s) {', '.join(missing)}; a {made_by} CSV has {', '.join(columns)}")
+        raise InputError(f"{source}: no column(s) {', '.join(missing)}; {CSV_KINDS[kind].a()} has "
+                         f"{', '.join(KINDS[kind])}")
 
 
 def check_moe_row(row: Mapping, at: str) -> None:
     """One row of a `xstage bench moe` CSV (see module docstring); `at` says where it is."""
-    variant = _value(row, "variant", at)
+    variant = cell_text(row, "variant", at)
     fused = variant not in BASELINES
     if fused:
         try:
@@ -160,9 +106,9 @@ def check_moe_row(row: Mapping, at: str) -> None:
         except InputError as exc:
             raise InputError(f"{at}, column variant: {variant!r} is not a known variant ({exc}; or a baseline: "
                              f"{', '.join(BASELINES)})") from None
-    if not _value(row, "shape", at):
+    if not cell_text(row, "shape", at):
         raise InputError(f"{at}, column shape: empty")
-    sizes = {c: _positive_int(row, c, at) for c in ("H", "I", "E", "K", "tokens", "ep")}
+    sizes = {c: cell_count(row, c, at) for c in ("H", "I", "E", "K", "tokens", "ep")}
     if sizes["E"] % sizes["ep"]:
         raise InputError(f"{at}, column ep: {sizes['ep']} does not divide E={sizes['E']} experts")
     if sizes["K"] > sizes["E"]:
@@ -170,58 +116,67 @@ def check_moe_row(row: Mapping, at: str) -> None:
     dtype = str(row.get("dtype") or "").strip()  # optional: rows from before FP8 are BF16
     if dtype and dtype not in MOE_DTYPES:
         raise InputError(f"{at}, column dtype: {dtype!r} is not one of {', '.join(MOE_DTYPES)}")
-    path = _value(row, "path", at)
+    path = cell_text(row, "path", at)
     if path not in PATHS:
         raise InputError(f"{at}, column path: {path!r} is not a store path ({', '.join(PATHS)})")
-    _time(row, "time_ns", at)
-    for c in ("time_p10_ns", "time_p90_ns"):  # optional spread columns
-        if c in row and _value(row, c, at):
-            _time(row, c, at)
+    cell_time(row, "time_ns", at)
+    for c in ("time_p10_ns", "time_p90_ns", "reduce_ns", "combine_link_ns"):  # optional: empty where not measured
+        if c in row:
+            cell_time(row, c, at, optional=True)
+    for c in ("tflops", "speedup"):
+        if c in row:
+            cell_number(row, c, at, optional=True, positive=True)
+    for c in MOE_ERRORS:
+        text = cell_text(row, c, at) if c in row else ""
+        try:
+            float(text or 0)
+        except ValueError:
+            raise InputError(f"{at}, column {c}: {text!r} is not a number (a measured error)") from None
     if fused:
-        block = _value(row, "block", at)
+        block = cell_text(row, "block", at)
         parts = block.split("x")
         if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
             raise InputError(f"{at}, column block: {block!r} is not a tile config BMxBN1xBN2xBK of positive "
                              "integers, e.g. 128x128x256x64")
-        _positive_int(row, "ctas", at)
+        cell_count(row, "ctas", at)
 
 
 def check_moe_rows(rows: Sequence[Mapping], source: str = "results", lines: Sequence[int] | None = None) -> None:
     """Every row of a `xstage bench moe` CSV (`check_moe_row`); errors name `source` and the line (or
     the row number when `lines` is None)."""
-    _check_columns(rows, MOE_COLUMNS, source, KINDS["moe"][0])
+    _check_columns(rows, "moe", source)
     for i, row in enumerate(rows):
         check_moe_row(row, _at(source, lines, i))
 
 
 def check_ulysses_row(row: Mapping, at: str) -> None:
     """One row of a `xstage bench ulysses` CSV (see module docstring); `at` says where it is."""
-    variant = _value(row, "variant", at)
+    variant = cell_text(row, "variant", at)
     if variant not in ULYSSES_VARIANTS:
         try:
             parse_exchange(variant)
         except InputError:
             raise InputError(f"{at}, column variant: {variant!r} is neither a Ulysses benchmark variant "
                              f"({', '.join(ULYSSES_VARIANTS)}) nor an exchange spelling") from None
-    sizes = {c: _positive_int(row, c, at) for c in ("heads", "dim", "tokens", "P", "grid")}
+    sizes = {c: cell_count(row, c, at) for c in ("heads", "dim", "tokens", "P", "grid")}
     for c in ("block_m", "block_n"):
-        if c in row and _value(row, c, at):
-            _positive_int(row, c, at)
+        if c in row and cell_text(row, c, at):
+            cell_count(row, c, at)
     if sizes["P"] > sizes["heads"]:
         raise InputError(f"{at}, column P: {sizes['P']} ranks is more than heads={sizes['heads']}")
     failed = str(row.get("exchange_ok") or "").startswith("error")
     if not any(c in row for c in ("time_ns", "sender_ns")):
         raise InputError(f"{at}: no time column (time_ns, or sender_ns in results from before exchange=)")
     for c in ("time_ns", "sender_ns", "receiver_ns"):
-        if c not in row or (failed and not _value(row, c, at)):
+        if c not in row or (failed and not cell_text(row, c, at)):
             continue  # the benchmark recorded why this variant did not run
-        _time(row, c, at)
+        cell_time(row, c, at)
 
 
 def check_ulysses_rows(rows: Sequence[Mapping], source: str = "Ulysses results",
                        lines: Sequence[int] | None = None) -> None:
     """Every row of a `xstage bench ulysses` CSV (`check_ulysses_row`)."""
-    _check_columns(rows, ULYSSES_COLUMNS, source, KINDS["ulysses"][0])
+    _check_columns(rows, "ulysses", source)
     for i, row in enumerate(rows):
         check_ulysses_row(row, _at(source, lines, i))
 
