@@ -19,6 +19,21 @@ from xstage.model.data import (
 )
 from xstage.results.io import write_csv_atomic
 
+from ..corrupt import (
+    MOE_CSV,
+    PROBE_SUMMARY_CSV,
+    REFERENCE_CSV,
+    ULYSSES_CSV,
+    committed,
+    compressed,
+    duplicate_column,
+    header_only,
+    latin1,
+    with_bom,
+    with_value,
+    write,
+)
+
 
 def long_rows(n_cta=5, n_bursts=3, launch=7):
     rows = []
@@ -95,13 +110,13 @@ def test_missing_column_and_malformed_files(tmp_path):
         validate_long(rows)
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
-    with pytest.raises(InputError, match="unrecognised columns"):
+    with pytest.raises(InputError, match="match none of the kinds read here: reference probe"):
         read_observations(bad)
     with pytest.raises(InputError, match="does not exist"):
         read_observations(tmp_path / "none.csv")
     empty = tmp_path / "empty.csv"
-    empty.write_text("issue_median_ns\n")
-    with pytest.raises(InputError, match="no data rows"):
+    empty.write_text(",".join(SUMMARY_COLUMNS) + "\n")
+    with pytest.raises(InputError, match="a header but no rows"):
         read_observations(empty)
 
 
@@ -124,3 +139,57 @@ def test_nan_completion_is_allowed():
     for r in rows:
         r["completion_ns"] = "nan"
     assert all(math.isnan(s["completion_median_ns"]) for s in summarise(rows))
+
+
+def test_fit_data_files_are_read_through_the_common_checks(tmp_path):
+    """The three formats refuse what every input CSV refuses (`xstage.results.io.read_table`), naming
+    the file: a repeated column would otherwise feed its last copy to the fit."""
+    ref = committed(REFERENCE_CSV)
+    summary = committed(PROBE_SUMMARY_CSV, 40)
+    bad = {
+        "dup.csv": duplicate_column(ref, "issue_steady", "1"),
+        "dup-summary.csv": duplicate_column(summary, "issue_median_ns", "5"),
+        "gz.csv": compressed(summary, "gzip"),
+        "latin1.csv": latin1(ref),
+        "header.csv": header_only(summary),
+        "ulysses.csv": committed(ULYSSES_CSV, 3),
+        "moe.csv": committed(MOE_CSV, 3),
+    }
+    expect = {"dup.csv": "column 'issue_steady' appears twice", "dup-summary.csv": "column 'issue_median_ns' appears",
+              "gz.csv": "gzip-compressed", "latin1.csv": "line 3: not UTF-8", "header.csv": "a header but no rows",
+              "ulysses.csv": "looks like a Ulysses results CSV", "moe.csv": "looks like a MoE results CSV"}
+    for name, data in bad.items():
+        path = write(tmp_path / name, data)
+        with pytest.raises(InputError) as exc:
+            read_observations(path)
+        assert str(exc.value).startswith(f"data file {path}") and expect[name] in str(exc.value), str(exc.value)
+    bom = read_observations(write(tmp_path / "bom.csv", with_bom(ref)))
+    assert np.array_equal(bom.issue_med, load_reference_data().issue_med)
+
+
+@pytest.mark.parametrize("source, column, value, match", [
+    ("reference", "issue_first", "nan", "line 4: column 'issue_first' must be a number, got NaN"),
+    ("reference", "issue_2", "inf", "line 4: column 'issue_2' must be finite, got 'inf'"),
+    ("reference", "gap_cycles", "-5", "line 4: column 'gap_cycles' must be >= 0 cycles"),
+    ("reference", "nblocks", "0", "line 4: column 'nblocks' must be an integer >= 1"),
+    ("reference", "burst_bytes", "1e400", "line 4: column 'burst_bytes' must be finite"),
+    ("summary", "gap_ns", "inf", "line 4: column 'gap_ns' must be finite"),
+    ("summary", "issue_p90_ns", "-3", "line 4: column 'issue_p90_ns' must be a time > 0 ns or empty"),
+    ("summary", "issue_median_ns", "0", "line 4: column 'issue_median_ns' must be a finite time > 0 ns"),
+    ("summary", "n_bursts", "0", "line 4: column 'n_bursts' must be an integer >= 1"),
+    ("summary", "launch", "2.5", "line 4: column 'launch' must be an integer"),
+    ("summary", "n_cta", "-1", "line 4: column 'n_cta' must be an integer >= 1"),
+])
+def test_bad_values_name_file_line_and_column(tmp_path, source, column, value, match):
+    text = committed(REFERENCE_CSV if source == "reference" else PROBE_SUMMARY_CSV, 5)
+    path = write(tmp_path / "data.csv", with_value(text, column, value, row=3))
+    with pytest.raises(InputError, match=f"^data file {path}, {match}"):
+        read_observations(path)
+
+
+def test_long_rows_name_their_line(tmp_path):
+    rows = long_rows()
+    rows[6]["issue_ns"] = "inf"
+    write_csv_atomic(tmp_path / "long.csv", rows, LONG_COLUMNS)
+    with pytest.raises(InputError, match=r"long.csv, line 8: column 'issue_ns' must be finite"):
+        read_observations(tmp_path / "long.csv")

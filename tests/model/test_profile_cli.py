@@ -136,5 +136,5 @@ def test_fit_command_writes_a_profile_and_keeps_old_output_on_failure(tmp_path, 
     assert mine.read_text() == "{}"
     out2 = tmp_path / "prof2.json"
     assert main(["fit", str(bad), "-o", str(out2)]) == 2
-    assert "missing column" in capsys.readouterr().err
+    assert "no column(s) n_sm, burst_bytes" in capsys.readouterr().err
     assert not out2.exists()

@@ -3,7 +3,10 @@
 Problem: probes write one row per CTA per burst; fitting and plots want, per launch and burst index,
 the CTA median (and spread) of the issue time; the independent H200 reference run comes per launch
 in clock cycles. This module reads all three into one representation (`Observations`) and writes
-the summary, with every malformed input reported as an `InputError` naming the column and row.
+the summary. Files are read by `xstage.results.io.read_table` (the checks every input CSV gets:
+file type, compression, encoding, repeated columns, the format told from the header, no rows); every
+malformed value is an `InputError` naming the file, line and column. Infinities are refused in every
+column; NaN only where the schema says so.
 
 Long format (`LONG_COLUMNS`, what `xstage.probe` writes), one row per CTA per burst:
 
@@ -42,7 +45,6 @@ Example:
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
 from importlib import resources
@@ -51,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage.errors import InputError
+from xstage.results.io import read_table
 
 PATHS = ("hbm", "host", "peer")
 PEER_MODES = ("none", "one", "all")
@@ -153,13 +156,20 @@ class Observations:
         return rows
 
 
+def _where(source: str, lines, n: int) -> str:
+    return f"{source}, line {lines[n]}" if lines is not None else f"{source}, row {n + 1}"
+
+
 def _num(row: dict, col: str, where: str, allow_nan: bool = False) -> float:
+    """A finite number (NaN, or an empty cell, where `allow_nan`); infinities are never data here."""
     raw = row.get(col)
     if raw is None:
         raise InputError(f"{where}: missing column {col!r}")
     if isinstance(raw, str) and raw.strip().lower() in ("", "nan", "none"):
         if allow_nan:
             return math.nan
+        if raw.strip():
+            raise InputError(f"{where}: column {col!r} must be a number, got NaN")
         raise InputError(f"{where}: column {col!r} is empty; it must be a number")
     try:
         v = float(raw)
@@ -167,12 +177,14 @@ def _num(row: dict, col: str, where: str, allow_nan: bool = False) -> float:
         raise InputError(f"{where}: column {col!r} must be a number, got {raw!r}") from None
     if math.isnan(v) and not allow_nan:
         raise InputError(f"{where}: column {col!r} must be a number, got NaN")
+    if math.isinf(v):
+        raise InputError(f"{where}: column {col!r} must be finite, got {raw!r}")
     return v
 
 
-def _check_int(row: dict, col: str, where: str) -> int:
+def _check_int(row: dict, col: str, where: str, lo: int | None = None) -> int:
     v = _num(row, col, where)
-    lo = _INT_COLS[col]
+    lo = _INT_COLS[col] if lo is None else lo
     if v != int(v) or v < lo:
         raise InputError(f"{where}: column {col!r} must be an integer >= {lo}, got {row[col]!r}")
     return int(v)
@@ -187,17 +199,18 @@ def _rows_from(df_or_rows) -> list[dict]:
     return rows
 
 
-def validate_long(df_or_rows) -> list[dict]:
-    """Check long-format rows (dicts or a DataFrame) against `SCHEMA`; returns typed rows."""
+def validate_long(df_or_rows, source: str = "long data", lines=None) -> list[dict]:
+    """Check long-format rows (dicts or a DataFrame) against `SCHEMA`; returns typed rows. Errors name
+    `source` and the row's line in it (`lines`, from `xstage.results.io.read_table`) or its number."""
     rows = _rows_from(df_or_rows)
     if not rows:
-        raise InputError("long data: no rows")
+        raise InputError(f"{source}: no rows")
     missing = [c for c in LONG_COLUMNS if c not in rows[0]]
     if missing:
-        raise InputError(f"long data: missing column(s) {missing}; required: {LONG_COLUMNS}")
+        raise InputError(f"{source}: missing column(s) {missing}; required: {LONG_COLUMNS}")
     out = []
     for n, row in enumerate(rows):
-        where = f"row {n + 1}"
+        where = _where(source, lines, n)
         if row["path"] not in PATHS:
             raise InputError(f"{where}: column 'path' must be one of {PATHS}, got {row['path']!r}")
         if row["peer_mode"] not in PEER_MODES:
@@ -221,9 +234,10 @@ def validate_long(df_or_rows) -> list[dict]:
     return out
 
 
-def summarise(rows) -> list[dict]:
-    """Summary rows (`SUMMARY_COLUMNS`) from long rows: per launch and burst index, CTA statistics."""
-    typed = validate_long(rows)
+def summarise(rows, source: str = "long data", lines=None) -> list[dict]:
+    """Summary rows (`SUMMARY_COLUMNS`) from long rows: per launch and burst index, CTA statistics
+    (`source` and `lines` name where a refused row is, as in `validate_long`)."""
+    typed = validate_long(rows, source, lines)
     launches: dict[int, list[dict]] = {}
     for r in typed:
         launches.setdefault(r["launch"], []).append(r)
@@ -232,7 +246,7 @@ def summarise(rows) -> list[dict]:
         first = rs[0]
         for c in CONFIG_COLUMNS:
             if any(r[c] != first[c] for r in rs):
-                raise InputError(f"launch {launch}: column {c!r} differs between rows of one launch")
+                raise InputError(f"{source}, launch {launch}: column {c!r} differs between rows of one launch")
         gaps = [r["gap_ns"] for r in rs if not math.isnan(r["gap_ns"])]
         gap = float(np.median(gaps)) if gaps else 0.0
         n_bursts = 1 + max(r["burst_index"] for r in rs)
@@ -254,62 +268,70 @@ def summarise(rows) -> list[dict]:
     return out
 
 
-def _from_summary(rows: list[dict], source: str) -> Observations:
-    missing = [c for c in ("path", "n_sm", "burst_bytes", "gap_ns", "launch", "n_bursts", "burst_index",
-                           "issue_median_ns") if c not in rows[0]]
+SUMMARY_REQUIRED = ["path", "n_sm", "burst_bytes", "gap_ns", "launch", "n_bursts", "burst_index", "issue_median_ns"]
+_SPREAD = {"issue_p10": "issue_p10_ns", "issue_p90": "issue_p90_ns", "issue_max": "issue_max_ns",
+           "completion_med": "completion_median_ns"}
+
+
+def _from_summary(rows: list[dict], source: str, lines=None) -> Observations:
+    missing = [c for c in SUMMARY_REQUIRED if c not in rows[0]]
     if missing:
-        raise InputError(f"summary data: missing column(s) {missing}; expected: {SUMMARY_COLUMNS}")
+        raise InputError(f"{source}: missing column(s) {missing}; expected: {SUMMARY_COLUMNS}")
     cols: dict[str, list] = {k: [] for k in ("path", "n_sm", "ctas_per_sm", "burst_bytes", "gap_ns", "n_bursts",
                                               "launch", "burst_lo", "burst_hi", "n_cta", "issue_med",
                                               "issue_p10", "issue_p90", "issue_max", "completion_med")}
     for n, row in enumerate(rows):
-        where = f"row {n + 1}"
+        where = _where(source, lines, n)
         if row["path"] not in PATHS:
             raise InputError(f"{where}: column 'path' must be one of {PATHS}, got {row['path']!r}")
-        opt = {c: (row.get(c) if row.get(c) not in (None, "") else "nan")
-               for c in ("issue_p10_ns", "issue_p90_ns", "issue_max_ns", "completion_median_ns")}
+        opt = {c: (row.get(c) if row.get(c) not in (None, "") else "nan") for c in _SPREAD.values()}
         lo = _check_int(row, "burst_index", where)
-        hi = _check_int({"burst_index": row.get("burst_last") or lo}, "burst_index", where)
-        nb = _check_int({"n_sm": row["n_bursts"]}, "n_sm", where)
+        hi = _check_int({"burst_last": row.get("burst_last") or lo}, "burst_last", where, 0)
+        nb = _check_int(row, "n_bursts", where, 1)
         if not lo <= hi < nb:
             raise InputError(f"{where}: need burst_index <= burst_last < n_bursts, got {lo}, {hi}, {nb}")
         vals = {
             "path": row["path"], "n_sm": _check_int(row, "n_sm", where),
             "ctas_per_sm": _check_int({"ctas_per_sm": row.get("ctas_per_sm") or 1}, "ctas_per_sm", where),
             "burst_bytes": _check_int(row, "burst_bytes", where), "gap_ns": _num(row, "gap_ns", where),
-            "n_bursts": nb, "launch": int(_num(row, "launch", where)), "burst_lo": lo, "burst_hi": hi,
-            "n_cta": int(_num({"n_cta": row.get("n_cta") or 1}, "n_cta", where)),
+            "n_bursts": nb, "launch": _check_int(row, "launch", where, -(2**62)), "burst_lo": lo, "burst_hi": hi,
+            "n_cta": _check_int({"n_cta": row.get("n_cta") or 1}, "n_cta", where, 1),
             "issue_med": _num(row, "issue_median_ns", where),
-            "issue_p10": _num(opt, "issue_p10_ns", where, True), "issue_p90": _num(opt, "issue_p90_ns", where, True),
-            "issue_max": _num(opt, "issue_max_ns", where, True),
-            "completion_med": _num(opt, "completion_median_ns", where, True),
+            **{k: _num(opt, c, where, True) for k, c in _SPREAD.items()},
         }
-        if not (vals["issue_med"] > 0 and math.isfinite(vals["issue_med"])):
-            raise InputError(f"{where}: column 'issue_median_ns' must be a finite time > 0 ns")
-        if vals["gap_ns"] < 0 or math.isnan(vals["gap_ns"]):
-            raise InputError(f"{where}: column 'gap_ns' must be a time >= 0 ns")
+        if not vals["issue_med"] > 0:
+            raise InputError(f"{where}: column 'issue_median_ns' must be a finite time > 0 ns, "
+                             f"got {row['issue_median_ns']!r}")
+        if vals["gap_ns"] < 0:
+            raise InputError(f"{where}: column 'gap_ns' must be a time >= 0 ns, got {row['gap_ns']!r}")
+        for k, c in _SPREAD.items():  # NaN: not recorded
+            if vals[k] < 0 or (vals[k] == 0 and k != "completion_med"):
+                raise InputError(f"{where}: column {c!r} must be a time {'>= 0' if k == 'completion_med' else '> 0'} "
+                                 f"ns or empty, got {row[c]!r}")
         for k, v in vals.items():
             cols[k].append(v)
     env = {c: rows[0].get(c, "") for c in ENV_COLUMNS}
     return Observations(**{k: np.array(v) for k, v in cols.items()}, env=env, source=source)
 
 
-def _from_reference(rows: list[dict], source: str) -> Observations:
+def _from_reference(rows: list[dict], source: str, lines=None) -> Observations:
     cyc = 1e9 / REFERENCE_CLOCK_HZ
     out = []
     for n, row in enumerate(rows):
-        where = f"row {n + 1}"
+        where = _where(source, lines, n)
         if row["dst"] not in ("hbm", "host"):
             raise InputError(f"{where}: column 'dst' must be hbm or host, got {row['dst']!r}")
-        nblocks = _check_int({"n_sm": row["nblocks"]}, "n_sm", where)
+        nblocks = _check_int(row, "nblocks", where, 1)
         b = _check_int(row, "burst_bytes", where)
-        gap = _num(row, "gap_cycles", where) * cyc
+        gap = _num(row, "gap_cycles", where)
+        if gap < 0:
+            raise InputError(f"{where}: column 'gap_cycles' must be >= 0 cycles, got {row['gap_cycles']!r}")
         spans = [("issue_first", 0, 0), ("issue_2", 1, 1), ("issue_steady", *REFERENCE_STEADY)]
         for col, lo, hi in spans:
             v = _num(row, col, where)
             if not v > 0:
                 raise InputError(f"{where}: column {col!r} must be > 0 cycles, got {row[col]!r}")
-            out.append({"path": row["dst"], "n_sm": nblocks, "burst_bytes": b, "gap_ns": gap, "launch": n,
+            out.append({"path": row["dst"], "n_sm": nblocks, "burst_bytes": b, "gap_ns": gap * cyc, "launch": n,
                         "n_bursts": REFERENCE_BURSTS, "burst_index": lo, "burst_last": hi, "n_cta": nblocks,
                         "issue_median_ns": v * cyc})
     obs = _from_summary(out, source)
@@ -318,18 +340,8 @@ def _from_reference(rows: list[dict], source: str) -> Observations:
     return obs
 
 
-def read_rows(path) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"data file {str(path)!r} does not exist")
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"data file {str(path)!r} is not a readable CSV: {exc}") from None
-    if not rows:
-        raise InputError(f"data file {str(path)!r} has no data rows")
-    return rows
+# What `read_observations` reads, by kind (`xstage.results.io.CSV_KINDS`): the columns each requires.
+DATA_KINDS = {"probe-reference": REFERENCE_COLUMNS[:9], "probe-long": LONG_COLUMNS, "probe-summary": SUMMARY_REQUIRED}
 
 
 def detect_format(columns) -> str:
@@ -344,20 +356,29 @@ def detect_format(columns) -> str:
                      "(issue_median_ns, ...) or the reference format (dst, nblocks, issue_first, ...)")
 
 
-def observations_from_rows(rows: list[dict], source: str = "") -> Observations:
+def observations_from_rows(rows: list[dict], source: str = "", lines=None) -> Observations:
+    """`Observations` from rows of any of the three formats (told from their columns, `detect_format`);
+    errors name `source` and each row's line (`lines`) or number."""
+    if not rows:
+        raise InputError(f"{source or 'data'}: no rows")
     fmt = detect_format(rows[0].keys())
+    source = source or f"{fmt} data"
     if fmt == "reference":
-        return _from_reference(rows, source)
+        return _from_reference(rows, source, lines)
     if fmt == "long":
-        rows = summarise(rows)
-    obs = _from_summary(rows, source)
+        rows, lines = summarise(rows, source, lines), None
+    obs = _from_summary(rows, source, lines)
     obs.env = {c: rows[0].get(c, "") for c in ENV_COLUMNS}
     return obs
 
 
 def read_observations(path) -> Observations:
-    """Read a long, summary or reference CSV into `Observations`."""
-    return observations_from_rows(read_rows(path), source=str(path))
+    """Read a long, summary or reference CSV into `Observations` (the file's checks:
+    `xstage.results.io.read_table`; a CSV of another kind is named for what it looks like)."""
+    table = read_table(path, DATA_KINDS, what="data file")
+    obs = observations_from_rows(table.rows, f"data file {table.path}", table.lines)
+    obs.source = str(table.path)
+    return obs
 
 
 def reference_csv_path() -> Path:
