@@ -20,7 +20,7 @@ def test_grid_covers_the_issue_grid():
 
 def test_tuned_configs_take_the_fastest_per_dim(tmp_path):
     w = ResultWriter(tmp_path / "core.csv", bu.CORE_COLUMNS, bu.CORE_COLUMNS[:11])
-    base = {"tokens": 1, "heads": 1, "layout": "bshd", "ctas_per_sm": 1, "tma": 1}
+    base = {"tokens": 1, "heads": 1, "layout": "bshd", "ctas_per_sm": 1, "tma": 1, "time_ns": 1e6}
     w.write({**base, "dim": 128, "impl": "cudnn_sdpa", "tflops": 900.0})
     w.write({**base, "dim": 128, "impl": "triton", "block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3,
              "tflops": 500.0})

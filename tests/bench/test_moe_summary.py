@@ -9,7 +9,8 @@ import pytest
 from xstage.bench.moe_summary import summarize
 from xstage.results import ResultWriter
 
-COLUMNS = ("shape", "tokens", "ep", "path", "variant", "time_ns", "reduce_ns", "tflops", "speedup")
+COLUMNS = ("shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "reduce_ns", "tflops",
+           "speedup", "block", "ctas")
 KEYS = ("shape", "tokens", "ep", "path", "variant")
 ENV = {"gpu": "test GPU", "driver": "1", "torch": "2", "triton": "3", "git_commit": "abc1234", "date": "2026-01-01"}
 
@@ -23,6 +24,10 @@ TIMES = {
 }
 
 
+def _dims(shape):
+    return dict(zip("HIEK", (int(part[1:]) for part in shape.split("-"))))
+
+
 def _gm(values):
     return math.prod(values) ** (1 / len(values))
 
@@ -32,8 +37,10 @@ def out(tmp_path):
     writer = ResultWriter(tmp_path / "moe.csv", COLUMNS, KEYS, env=ENV)
     for (shape, tokens, ep), times in TIMES.items():
         for variant, t in times.items():
-            writer.write(dict(shape=shape, tokens=tokens, ep=ep, path="host", variant=variant, time_ns=float(t),
-                              reduce_ns=0.0, tflops=1.0, speedup=""))
+            fused = variant != "unfused"
+            writer.write(dict(shape=shape, **_dims(shape), tokens=tokens, ep=ep, path="host", variant=variant,
+                              time_ns=float(t), reduce_ns=10.0 if fused else "", tflops=1.0, speedup="",
+                              block="128x128x256x64" if fused else "", ctas=132 if fused else ""))
     return tmp_path
 
 

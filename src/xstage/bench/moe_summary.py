@@ -1,7 +1,8 @@
 """Summary of a fused-MoE results CSV: speedups over expert_wave at the same store pacing, per path.
 
-`summarize(out_dir)` reads `out_dir/moe.csv` (written by `xstage bench moe` or the multi-GPU bench)
-and writes `summary.md` and the speedup plots; it returns, per path and variant, the number of
+`summarize(out_dir)` reads `out_dir/moe.csv` (written by `xstage bench moe` or the multi-GPU bench;
+checked first, `read_moe_csv`: a malformed, empty or other kind of file is one error naming it) and
+writes `summary.md` and the speedup plots; it returns, per path and variant, the number of
 configurations, the geomean / max / min speedup and how many configurations the variant loses. Each
 dtype of the file gets its own sections, keyed by path for the first dtype (bf16 where present) and
 `path:dtype` for the others; with FP8 rows, the FP8 sections of `xstage.bench.moe_fp8_summary` follow.
@@ -19,9 +20,11 @@ from pathlib import Path
 
 from xstage.bench.moe_fp8_summary import fp8_sections
 from xstage.moe.problem import SHAPES
-from xstage.results import geomean, read_rows
+from xstage.results import geomean
+from xstage.results.io import cell_number, read_table
 from xstage.results.output import write_text
 from xstage.results.plots import plot_lines
+from xstage.sched.measured import MOE_COLUMNS, check_moe_rows
 
 __all__ = ["SUMMARY_INTRO", "SUMMARY_TITLE", "geomean", "summarize"]
 
@@ -206,13 +209,27 @@ def _ep1_section(ep1: list[dict], chain_name: str = "chain", label: str = "") ->
     return lines
 
 
+SUMMARY_COLUMNS = (*MOE_COLUMNS, "reduce_ns", "tflops")  # what the summary reads, beyond the planner's
+
+
+def read_moe_csv(path) -> list[dict]:
+    """The rows of a `moe.csv`, checked before anything is summarised: the file
+    (`xstage.results.io.read_table`), sizes, variants, finite positive times
+    (`xstage.sched.measured.check_moe_rows`) and the TFLOP/s of every row."""
+    table = read_table(path, {"moe": SUMMARY_COLUMNS})
+    check_moe_rows(table.rows, str(table.path), table.lines)
+    for i, r in enumerate(table.rows):
+        cell_number(r, "tflops", table.where(i), positive=True)
+    return table.rows
+
+
 def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -> dict:
     """Same-pacing speedups of each variant over expert_wave, plots, and summary.md from the CSV.
 
     Returns {path: {variant: {configs, geomean, max, min, losses, baseline}}}. `title` and `intro`
     head summary.md (other grids writing the same columns pass their own)."""
     out = Path(out_dir)
-    rows = read_rows(out / "moe.csv")
+    rows = read_moe_csv(out / "moe.csv")
     for r in rows:  # rows from before FP8 have no dtype column: BF16
         r["dtype"] = r.get("dtype") or "bf16"
     lines = [title, "", intro, ""]

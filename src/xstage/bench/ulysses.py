@@ -49,14 +49,14 @@ from xstage.comm import create_context
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
-from xstage.results.io import ResultWriter, read_rows
+from xstage.results.io import ResultWriter, cell_count, cell_number, cell_text, cell_time, read_table
 from xstage.results.output import Outputs, add_force_option, emit, write_text
 from xstage.results.plots import plot_lines
 from xstage.results.select import select
 from xstage.results.tables import markdown_table
 from xstage.results.timing import time_device, time_in_turns
 from xstage.sched.exchange import check_call_shape, chooser, fit_exchange_costs
-from xstage.sched.measured import load_results
+from xstage.sched.measured import ULYSSES_COLUMNS, check_ulysses_rows, load_results
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
@@ -246,17 +246,41 @@ def delivered_error(plan, state, reference: torch.Tensor, exchange: str, *, stre
     return err / ref_max
 
 
+CORE_REQUIRED = ("tokens", "heads", "dim", "layout", "impl", "time_ns", "tflops")
+TRITON_CONFIG = ("block_m", "block_n", "num_warps", "num_stages", "ctas_per_sm", "tma")  # of every Triton row
+
+
+def read_core(path) -> list[dict]:
+    """The rows of a `core.csv` (`run_core`), checked: the file (`xstage.results.io.read_table`), sizes,
+    finite positive times and TFLOP/s, and each Triton row's configuration."""
+    table = read_table(path, {"ulysses-core": CORE_REQUIRED})
+    for i, r in enumerate(table.rows):
+        at = table.where(i)
+        for c in ("tokens", "heads", "dim"):
+            cell_count(r, c, at)
+        cell_time(r, "time_ns", at)
+        cell_number(r, "tflops", at, positive=True)
+        for c in ("ratio_vs_cudnn", "rel_err"):
+            if c in r:
+                cell_number(r, c, at, optional=True)
+        if cell_text(r, "impl", at) == "triton":
+            for c in TRITON_CONFIG:
+                cell_count(r, c, at, minimum=0 if c in ("ctas_per_sm", "tma") else 1)
+            if int(r["tma"]) > 1:
+                raise InputError(f"{at}, column tma: {r['tma']}: must be 0 or 1")
+    return table.rows
+
+
 def tuned_configs(*core_csvs) -> dict:
     """The fastest Triton configuration per head dim over `core.csv` files (see `run_core`)."""
 
     best: dict[int, tuple[float, FlashConfig]] = {}
-    for r in (row for path in core_csvs for row in read_rows(path)):
-        if r["impl"] != "triton" or not r["tflops"]:
+    for r in (row for path in core_csvs for row in read_core(path)):
+        if r["impl"].strip() != "triton":
             continue
         d, tf = int(r["dim"]), float(r["tflops"])
         if d not in best or tf > best[d][0]:
-            best[d] = (tf, FlashConfig(int(r["block_m"]), int(r["block_n"]), int(r["num_warps"]),
-                                       int(r["num_stages"]), int(r["ctas_per_sm"]), bool(int(r["tma"]))))
+            best[d] = (tf, FlashConfig(*(int(r[c]) for c in TRITON_CONFIG[:5]), bool(int(r["tma"]))))
     return {d: c for d, (_, c) in best.items()}
 
 
@@ -382,6 +406,14 @@ def _num(row, col="time_ns") -> float:
         return float("nan")
 
 
+def read_grid(path) -> list[dict]:
+    """The rows of a `ulysses.csv` (`run_grid`), checked (`xstage.results.io.read_table` and
+    `xstage.sched.measured.check_ulysses_rows`: sizes, variants, finite positive times)."""
+    table = read_table(path, {"ulysses": (*ULYSSES_COLUMNS, "path")})
+    check_ulysses_rows(table.rows, str(table.path), table.lines)
+    return table.rows
+
+
 def grid_table(rows: list[dict]) -> list[dict]:
     """One line per configuration: every variant's time (us) and the ratios the targets name."""
     by_key: dict[tuple, dict[str, dict]] = {}
@@ -410,10 +442,10 @@ def write_report(out_dir) -> Path:
     out = Path(out_dir)
     if not (out / "ulysses.csv").exists() and not (out / "core.csv").exists():
         raise InputError(f"--out {out}: has neither ulysses.csv nor core.csv; run the grid first")
-    rows = read_rows(out / "ulysses.csv") if (out / "ulysses.csv").exists() else []
+    rows = read_grid(out / "ulysses.csv") if (out / "ulysses.csv").exists() else []
     table = grid_table(rows)
     core = out / "core.csv"
-    crows = read_rows(core) if core.exists() else []
+    crows = read_core(core) if core.exists() else []
     lines = ["# Ulysses attention: every exchange vs attention alone (one GPU, loopback)", ""]
     for label, src in (("Grid", rows), ("Attention core", crows)):
         if src:

@@ -14,8 +14,9 @@ and the column:
 - times (MoE `time_ns` and, where given, `time_p10_ns`, `time_p90_ns`, `reduce_ns`,
   `combine_link_ns`; Ulysses `time_ns`, or
   `sender_ns` and `receiver_ns` in results from before `exchange=`) are numbers, finite and > 0 (a
-  Ulysses row whose `exchange_ok` records an error may have none); MoE `tflops` and `speedup`, where
-  given, are finite and > 0, and the measured errors (`MOE_ERRORS`) numbers;
+  Ulysses row whose `exchange_ok` records an error may have none), and so are Ulysses `p10_ns`,
+  `p90_ns` where given; `tflops` (and MoE `speedup`), where given, are finite and > 0, and the MoE
+  measured errors (`MOE_ERRORS`) numbers;
 - variants are known: MoE `SCHEDULE[@PACING]` (`xstage.moe.Variant`) or a baseline (`BASELINES`),
   Ulysses one of `ULYSSES_VARIANTS` or an exchange spelling; MoE `path` one of `PATHS` and the
   optional `dtype` one of `MOE_DTYPES` (rows without it are BF16).
@@ -171,6 +172,11 @@ def check_ulysses_row(row: Mapping, at: str) -> None:
         if c not in row or (failed and not cell_text(row, c, at)):
             continue  # the benchmark recorded why this variant did not run
         cell_time(row, c, at)
+    for c in ("p10_ns", "p90_ns"):  # optional spread columns
+        if c in row:
+            cell_time(row, c, at, optional=True)
+    if "tflops" in row:
+        cell_number(row, "tflops", at, optional=True, positive=True)
 
 
 def check_ulysses_rows(rows: Sequence[Mapping], source: str = "Ulysses results",
