@@ -27,8 +27,15 @@ from pathlib import Path
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.model.data import SUMMARY_COLUMNS, summarise
-from xstage.results.io import read_rows, write_csv_atomic
+from xstage.model.data import (
+    ENV_COLUMNS,
+    LONG_COLUMNS,
+    PEER_MODES,
+    SUMMARY_COLUMNS,
+    observations_from_rows,
+    summarise,
+)
+from xstage.results.io import cell_count, read_table, write_csv_atomic
 from xstage.results.plots import plot_lines
 
 SUMMARY_FILE_COLUMNS = ["sweep"] + SUMMARY_COLUMNS
@@ -37,27 +44,38 @@ ONSET_MARGIN_NS = 200.0
 RECOVERED_FACTOR = 1.2
 
 
-def summarise_dir(out_dir) -> list[dict]:
-    """Summary rows of every `raw/*.csv` under `out_dir` (with a `sweep` column); writes summary.csv."""
+def summarise_dir(out_dir, progress=None) -> list[dict]:
+    """Summary rows of every `raw/*.csv` under `out_dir` (with a `sweep` column); writes summary.csv.
+    Every file is read and checked (`xstage.results.io.read_table`, `xstage.model.data.summarise`)
+    before summary.csv is written; `progress(done, total)` follows the files."""
     out_dir = Path(out_dir)
     files = sorted((out_dir / "raw").glob("*.csv"))
     if not files:
         raise InputError(f"probe output {out_dir}: no raw/*.csv to analyse")
     summary = []
-    for f in files:
-        rows = read_rows(f)
-        if rows:
-            summary += [{"sweep": f.stem, **r} for r in summarise(rows)]
+    for i, f in enumerate(files):
+        table = read_table(f, {"probe-long": LONG_COLUMNS}, what="probe data")
+        summary += [{"sweep": f.stem, **r} for r in summarise(table.rows, f"probe data {f}", table.lines)]
+        if progress:
+            progress(i + 1, len(files))
     write_csv_atomic(out_dir / "summary.csv", summary, SUMMARY_FILE_COLUMNS)
     return summary
 
 
 def read_summary(path) -> list[dict]:
-    """Summary rows from a summary.csv, numbers as floats/ints where the columns are numeric."""
-    rows = read_rows(path)
-    if rows and "sweep" not in rows[0]:
-        raise InputError(f"summary {path}: missing column 'sweep'")
-    return [_typed(r) for r in rows]
+    """Summary rows from a summary.csv, numbers as floats/ints where the columns are numeric; every
+    value checked as the fit reads it (`xstage.model.data.observations_from_rows`) and the kernel
+    shape's columns as integers, errors naming the file, line and column."""
+    table = read_table(path, {"probe-summary": SUMMARY_FILE_COLUMNS[: -len(ENV_COLUMNS)]}, what="probe summary")
+    source = f"probe summary {table.path}"
+    observations_from_rows(table.rows, source, table.lines)
+    for r, line in zip(table.rows, table.lines):
+        at = f"{source}, line {line}"
+        for c, lo in (("warps", 1), ("vector_bytes", 1), ("gap_iters", 0)):
+            cell_count(r, c, at, lo)
+        if r["peer_mode"] not in PEER_MODES:
+            raise InputError(f"{at}, column peer_mode: {r['peer_mode']!r} is not one of {', '.join(PEER_MODES)}")
+    return [_typed(r) for r in table.rows]
 
 
 _INT_FIELDS = ("n_sm", "ctas_per_sm", "warps", "vector_bytes", "burst_bytes", "gap_iters", "launch", "n_bursts",

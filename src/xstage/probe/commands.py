@@ -95,7 +95,7 @@ def run_probe(args) -> int:
                 group.barrier()
             if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
                 say(f"all {info['configs_skipped']} configurations already measured in {out}", quiet=args.json)
-        result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap)
+        result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap, quiet=args.quiet or args.json)
     emit(result, args.json, result["text"])
     return 0
 

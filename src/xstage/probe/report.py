@@ -33,8 +33,10 @@ from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
 from xstage.model.predict import predict_rows
 from xstage.model.profile import Profile
 from xstage.probe.analysis import experiments, plot_experiments, read_summary, summarise_dir
+from xstage.results.io import read_json
 from xstage.results.output import write_text
 from xstage.results.plots import pyplot, save_figure
+from xstage.results.progress import Progress, say
 from xstage.results.tables import markdown_table
 from xstage.version import __version__
 
@@ -90,8 +92,11 @@ def holdout_split(configs: list[tuple], multi_burst=()) -> tuple[list[tuple], li
     return sorted(c for c in configs if c not in held), sorted(held)
 
 
-def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, structure: str | None = None) -> dict:
-    """Fit the calibration configurations of `path` and predict the held-out ones (see module doc)."""
+def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, structure: str | None = None,
+                  progress=None, on_point_fit=None) -> dict:
+    """Fit the calibration configurations of `path` and predict the held-out ones (see module doc).
+    `progress(done, total)` follows the bootstrap rounds, `on_point_fit(seconds)` the point fit before
+    them (`xstage.model.fit.fit_path`)."""
 
     rows = pool_for_fit(_fit_rows(summary, path))
     if not rows:
@@ -101,7 +106,8 @@ def fit_and_check(summary: list[dict], path: str, *, bootstrap: int = 20, struct
     multi = {k for k, nb in zip(keys, obs.n_bursts) if nb > 1}
     calib, held = holdout_split(obs.configs(), multi)
     m_held = np.array([k in set(held) for k in keys])
-    res = fit_path(obs.select(~m_held), structure=structure or DEFAULT_STRUCTURE, bootstrap=bootstrap)
+    res = fit_path(obs.select(~m_held), structure=structure or DEFAULT_STRUCTURE, bootstrap=bootstrap,
+                   progress=progress, on_point_fit=on_point_fit)
     test = obs.select(m_held)
     pred, _ = predict_rows(res.params, test)
     rel = pred / test.issue_med - 1.0
@@ -270,19 +276,47 @@ def _markdown(exp: dict, fit: dict | None, fit_error: str | None, env: dict, run
     return "\n".join(lines)
 
 
-def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None) -> dict:
-    """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc."""
+def _read_run(out_dir: Path) -> dict:
+    """run.json (what `xstage.probe.session.measure` records), or {} where there is none."""
+    path = out_dir / "run.json"
+    if not path.exists() and not path.is_symlink():
+        return {}
+    # its writer keeps NaN (a median of no launches), which only the ratio field can hold
+    run = read_json(path, "probe run record", allow_nonfinite=True)
+    if not isinstance(run, dict):
+        raise InputError(f"probe run record {path}: expected a JSON object, got {type(run).__name__}")
+    return run
+
+
+def _fit_with_progress(summary: list[dict], path: str, bootstrap: int, quiet: bool) -> dict:
+    """`fit_and_check` with its fits (the point fit, then the bootstrap rounds) on one progress bar."""
+    say(f"probe: fitting path {path}: 1 point fit + {bootstrap} bootstrap rounds", quiet=quiet)
+    with Progress(1 + bootstrap, "probe: fits", quiet=quiet) as bar:
+
+        def point_done(seconds: float) -> None:
+            if bootstrap:
+                say(f"the point fit took {seconds:.1f} s; {bootstrap} bootstrap rounds follow", quiet=quiet)
+            bar.advance(1)
+
+        return fit_and_check(summary, path, bootstrap=bootstrap, on_point_fit=point_done,
+                             progress=lambda done, total: bar.advance(1 + done - bar.done))
+
+
+def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None, quiet: bool = True) -> dict:
+    """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc.
+    Every input is read and checked before the first file is written. `quiet=False` reports progress
+    on standard error (the fit takes tens of seconds)."""
     out_dir = Path(out_dir)
-    if list((out_dir / "raw").glob("*.csv")):
-        summarise_dir(out_dir)
+    run = _read_run(out_dir)
+    raw = sorted((out_dir / "raw").glob("*.csv"))
+    if raw:
+        with Progress(len(raw), "probe: raw files summarised", quiet=quiet) as bar:
+            summarise_dir(out_dir, progress=bar.callback)
         summary = read_summary(out_dir / "summary.csv")
-    elif (out_dir / "summary.csv").exists():
+    elif (out_dir / "summary.csv").exists() or (out_dir / "summary.csv").is_symlink():
         summary = read_summary(out_dir / "summary.csv")
     else:
         raise InputError(f"-o {out_dir}: holds neither raw/*.csv nor summary.csv")
-    if not summary:
-        raise InputError(f"-o {out_dir}: no measurements")
-    run = json.loads((out_dir / "run.json").read_text()) if (out_dir / "run.json").exists() else {}
     path = path or summary[0]["path"]
     exp = experiments(summary)
     write_text(out_dir / "experiments.json", json.dumps(exp, indent=1, default=str))
@@ -290,7 +324,7 @@ def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None 
     fit_res, fit_error = None, (None if fit else "skipped (--no-fit)")
     if fit:
         try:
-            fit_res = fit_and_check(summary, path, bootstrap=bootstrap)
+            fit_res = _fit_with_progress(summary, path, bootstrap, quiet)
         except (InputError, ImportError) as exc:
             fit_error = str(exc)
     if fit_res is not None:

@@ -17,8 +17,6 @@ On path `peer` every rank runs the same plan in step (a barrier before each laun
 from __future__ import annotations
 
 import json
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +29,9 @@ from xstage.errors import InputError
 from xstage.model.data import LONG_COLUMNS
 from xstage.probe.runner import BurstConfig, dest_elems, launch, rows_from_launch
 from xstage.probe.sweeps import REPEATS, plan
-from xstage.results.io import ResultWriter
+from xstage.results.io import ResultWriter, read_text
 from xstage.results.output import write_text
+from xstage.results.progress import Progress
 from xstage.results.select import select
 
 LOOPBACK_WORLD = 2
@@ -45,13 +44,17 @@ def _sm_count(device) -> int:
 
 
 def _done(path: Path) -> dict[str, list[int]]:
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
     out = {}
-    for line in path.read_text().splitlines():
+    for n, line in enumerate(read_text(path, "probe progress record").splitlines(), start=1):
         label, _, ids = line.partition(" ")
         if label:
-            out[label] = [int(i) for i in ids.split(",") if i]
+            try:
+                out[label] = [int(i) for i in ids.split(",") if i]
+            except ValueError:
+                raise InputError(f"probe progress record {path}, line {n}: expected a configuration label and "
+                                 f"comma-separated launch ids, got {line[:80]!r}") from None
     return out
 
 
@@ -70,23 +73,6 @@ def _next_launch(raw_dir: Path) -> int:
                 except ValueError:
                     continue
     return max(ids, default=-1) + 1
-
-
-class _Progress:
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.n, self.t0 = total, enabled, 0, time.monotonic()
-
-    def step(self, text: str) -> None:
-        self.n += 1
-        if self.enabled:
-            el = time.monotonic() - self.t0
-            bar = "#" * int(30 * self.n / max(1, self.total))
-            sys.stderr.write(f"\r[{bar:<30}] {self.n}/{self.total} {el:5.0f}s {text[:60]:<60}")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
 
 
 def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | None = None,
@@ -135,30 +121,29 @@ def measure(out_dir, path: str, sweeps: list[str], *, only=None, repeats: int | 
         dest = ctx.alloc("probe_dst", (elems,), torch.int32)
         writers: dict[str, ResultWriter] = {}
         ratios = []
-        bar = _Progress(len(todo), progress and writer_rank)
-        for sweep, cfg in todo:
-            bar.step(f"{sweep} {cfg.label()}")
-            ctx.barrier()
-            launch(ctx, dest, cfg)
-            rows, ids = [], []
-            for _ in range(repeats or REPEATS[sweep]):
+        with Progress(len(todo), "probe: configurations measured", quiet=not (progress and writer_rank)) as bar:
+            for sweep, cfg in todo:
                 ctx.barrier()
-                raw = launch(ctx, dest, cfg)
-                rows += rows_from_launch(cfg, raw, next_id)
-                ids.append(next_id)
-                next_id += 1
-                ratios.append(float(np.median(raw.ns_per_cycle())))
-                info["sm_ids_used"][cfg.label()] = len(raw.sm_ids())
-            ctx.check()
-            if writer_rank:
-                if sweep not in writers:
-                    writers[sweep] = ResultWriter(raw_dir / f"{sweep}.csv", LONG_COLUMNS,
-                                                  ["launch", "cta", "burst_index"], env=env, require_commit=True)
-                writers[sweep].write_many(rows)
-                with (raw_dir / f"{sweep}.done").open("a") as f:
-                    f.write(f"{cfg.label()} {','.join(map(str, ids))}\n")
-            info["configs_run"] += 1
-        bar.close()
+                launch(ctx, dest, cfg)
+                rows, ids = [], []
+                for _ in range(repeats or REPEATS[sweep]):
+                    ctx.barrier()
+                    raw = launch(ctx, dest, cfg)
+                    rows += rows_from_launch(cfg, raw, next_id)
+                    ids.append(next_id)
+                    next_id += 1
+                    ratios.append(float(np.median(raw.ns_per_cycle())))
+                    info["sm_ids_used"][cfg.label()] = len(raw.sm_ids())
+                ctx.check()
+                if writer_rank:
+                    if sweep not in writers:
+                        writers[sweep] = ResultWriter(raw_dir / f"{sweep}.csv", LONG_COLUMNS,
+                                                      ["launch", "cta", "burst_index"], env=env, require_commit=True)
+                    writers[sweep].write_many(rows)
+                    with (raw_dir / f"{sweep}.done").open("a") as f:
+                        f.write(f"{cfg.label()} {','.join(map(str, ids))}\n")
+                info["configs_run"] += 1
+                bar.advance()
         info["ns_per_cycle_median"] = float(np.median(ratios))
         if writer_rank:
             write_text(out_dir / "run.json", json.dumps(info, indent=2, default=str))
