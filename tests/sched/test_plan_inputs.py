@@ -347,7 +347,7 @@ def test_model_files_are_checked(tmp_path, capsys):
     _fails(capsys, [*MOE, "--costs", str(tmp_path)], "task costs file", "is a folder")
     bad = tmp_path / "bad.json"
     bad.write_bytes(b"\xff\xfe not json")
-    _fails(capsys, [*MOE, "--costs", str(bad)], str(bad), "not readable JSON")
+    _fails(capsys, [*MOE, "--costs", str(bad)], str(bad), "UTF-16")
     attention = tmp_path / "attention.json"
     attention.write_text(json.dumps({"kernel": "attention", "kinds": {"attention@128x128x64": {
         "overhead_ns": 1.0, "rate": 1.0}}}))

@@ -37,7 +37,7 @@ from xstage.errors import InputError
 from xstage.model import intervals as iv
 from xstage.model.params import PARAM_NAMES, PARAM_UNITS, PathParams
 from xstage.model.predict import DEFAULT_CLASSES
-from xstage.results.io import atomic_open
+from xstage.results.io import atomic_open, read_json
 from xstage.results.output import jsonable
 
 FORMAT = "xstage-profile/1"
@@ -253,17 +253,11 @@ class Profile:
 
     @classmethod
     def load(cls, path) -> Profile:
-        """Read and validate a profile JSON file (`from_dict`); errors name the file and the field."""
+        """Read (`xstage.results.io.read_json`: a folder, FIFO, compressed or non-UTF-8 file, invalid JSON
+        and NaN are refused) and validate (`from_dict`) a profile JSON file; errors name the file and the
+        field."""
         path = Path(path)
-        if path.is_dir():
-            raise InputError(f"profile {str(path)!r} is a folder; give a profile JSON file")
-        if not path.is_file():
-            raise InputError(f"profile {str(path)!r} does not exist")
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"profile {str(path)!r} is not valid JSON: {exc}") from None
-        return cls.from_dict(d, source=f"profile {str(path)!r}")
+        return cls.from_dict(read_json(path, "profile"), source=f"profile {str(path)!r}")
 
     def save(self, path) -> None:
         """Write through a temporary file and a rename: a failure leaves an existing file untouched."""

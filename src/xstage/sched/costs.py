@@ -25,8 +25,16 @@ import numpy as np
 
 from xstage.errors import InputError
 from xstage.moe.problem import MoeShape
+from xstage.results.io import read_json
 from xstage.sched.ordercost import OrderEffect
 from xstage.sched.tilecost import TileModel, fit_tile_model
+
+
+def _positive(v, field: str) -> float:
+    x = float(v)
+    if not (x > 0 and math.isfinite(x)):
+        raise ValueError(f"{field} must be finite and > 0, got {v!r}")
+    return x
 
 
 @dataclass(frozen=True)
@@ -165,9 +173,12 @@ class TaskCosts:
         try:
             kinds = {k: KindCost(float(v["overhead_ns"]), float(v["rate"])) for k, v in d["kinds"].items()}
             table = [{"shape": str(r["shape"]), "block": str(r["block"]), "kind": str(r["kind"]),
-                      "rows_per_expert": float(r["rows_per_expert"]), "median_ns": float(r["median_ns"]),
+                      "rows_per_expert": _positive(r["rows_per_expert"], f"table[{i}].rows_per_expert"),
+                      "median_ns": _positive(r["median_ns"], f"table[{i}].median_ns"),
                       **({"elem_bytes": int(r["elem_bytes"])} if "elem_bytes" in r else {})}
-                     for r in d.get("table", [])]
+                     for i, r in enumerate(d.get("table", []))]
+            if not (float(d.get("fetch_ns", 0.0)) >= 0 and math.isfinite(float(d.get("fetch_ns", 0.0)))):
+                raise ValueError(f"fetch_ns must be a finite time >= 0 ns, got {d['fetch_ns']!r}")
             model, order = d.get("tile_model"), d.get("order_effect")
             return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table,
                        fetch_ns=float(d.get("fetch_ns", 0.0)),
@@ -185,14 +196,7 @@ class TaskCosts:
     @classmethod
     def load(cls, path: str | os.PathLike) -> TaskCosts:
         path = Path(path)
-        if path.is_dir():
-            raise InputError(f"task costs file {path}: is a folder; give a task costs JSON file")
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError(f"task costs file {path}: does not exist") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"task costs file {path}: not readable JSON ({exc})") from None
+        d = read_json(path, "task costs file")  # the checks every input file gets (xstage.results.io)
         if not isinstance(d, dict):
             raise InputError(f"task costs file {path}: expected a JSON object with 'kernel' and 'kinds'")
         return cls.from_dict(d, f"task costs file {path}")
