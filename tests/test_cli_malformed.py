@@ -11,6 +11,8 @@ from tests.sched.test_plan_inputs import _moe_csv, _moe_rows
 from xstage.cli import main
 from xstage.env import has_gpu
 
+from .loader_cases import make_unreadable_inputs, unreadable_input_cases
+
 GOOD_PROFILE = None
 
 
@@ -45,6 +47,7 @@ def files(tmp_path):
         (d / name).write_text("made by the user\n")
     _moe_csv(d / "validation.csv", _moe_rows())
     shutil.copy("src/xstage/data/h200-hostlink-probe.csv", d / "probe.csv")
+    make_unreadable_inputs(d)
     return d
 
 
@@ -143,6 +146,7 @@ def _cases(d):
         ["bench", "moe", "-o", str(d / "x"), "--schedules", "lag:4@1e290:128"],
         ["bench", "moe", "-o", str(d / "x"), "--budget-s", "nan"],
         ["bench", "ulysses", "-o", str(d / "x"), "--core", "--core-shapes", "99999999999999999999999x24x128"],
+        *unreadable_input_cases(d),
     ]
     if not has_gpu():  # where measuring would start, the missing GPU is the user error
         cases += [["probe", "-o", str(d / "x")], ["bench", "moe", "-o", str(d / "x")],

@@ -57,11 +57,15 @@ def _fit_data(tmp_path):
 
 
 def _moe_results(folder, rows=MOE_ROWS, tokens=256):
-    cols = ("shape", "tokens", "ep", "path", "variant", "time_ns", "reduce_ns", "tflops", "speedup")
+    # the columns `bench moe` writes that its summary needs (the fused rows' tiles and CTAs included)
+    cols = ("shape", "H", "I", "E", "K", "tokens", "ep", "path", "variant", "time_ns", "block", "ctas", "reduce_ns",
+            "tflops", "speedup")
     w = ResultWriter(folder / "moe.csv", cols, ("shape", "tokens", "ep", "path", "variant"), env=ENV)
     for variant, t in rows.items():
-        w.write(dict(shape="H1152-I4608-E8-K2", tokens=tokens, ep=2, path="host", variant=variant, time_ns=t,
-                     reduce_ns=0.0, tflops=1.0, speedup=""))
+        fused = variant != "unfused"
+        w.write(dict(shape="H1152-I4608-E8-K2", H=1152, I=4608, E=8, K=2, tokens=tokens, ep=2, path="host",
+                     variant=variant, time_ns=t, block="128x128x128x64" if fused else "", ctas=132 if fused else "",
+                     reduce_ns=10.0 if fused else "", tflops=1.0, speedup=""))
 
 
 def _ulysses_results(folder):

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 from xstage.bench.commands import add_grid_options
-from xstage.bench.moe_summary import summarize
+from xstage.bench.moe_summary import read_moe_csv, summarize
 from xstage.dtypes import DTYPES as DTYPE_MAP
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import has_gpu
@@ -274,9 +274,11 @@ def _handler(args) -> int:
         raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
     if not args.summarize_only and not has_gpu():
         raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
+    # A malformed results file is refused before the outputs are touched (not even the manifest).
+    rows = read_moe_csv(out / RESULTS) if args.summarize_only else None
     with outs:
         if args.summarize_only:
-            summary = summarize(out)
+            summary = summarize(out, rows=rows)
         else:
             summary = run_grid(out, args.only, args.path, variants, args.warmup, args.rep, args.budget_s,
                                args.block, dtypes=dtypes)

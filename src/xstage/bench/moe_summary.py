@@ -223,13 +223,14 @@ def read_moe_csv(path) -> list[dict]:
     return table.rows
 
 
-def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO) -> dict:
+def summarize(out_dir, title: str = SUMMARY_TITLE, intro: str = SUMMARY_INTRO, rows: list[dict] | None = None) -> dict:
     """Same-pacing speedups of each variant over expert_wave, plots, and summary.md from the CSV.
 
     Returns {path: {variant: {configs, geomean, max, min, losses, baseline}}}. `title` and `intro`
-    head summary.md (other grids writing the same columns pass their own)."""
+    head summary.md (other grids writing the same columns pass their own). `rows`: the CSV's rows as
+    `read_moe_csv` gives them, read before (so that a malformed file is refused before any output)."""
     out = Path(out_dir)
-    rows = read_moe_csv(out / "moe.csv")
+    rows = read_moe_csv(out / "moe.csv") if rows is None else rows
     for r in rows:  # rows from before FP8 have no dtype column: BF16
         r["dtype"] = r.get("dtype") or "bf16"
     lines = [title, "", intro, ""]

@@ -437,15 +437,21 @@ def grid_table(rows: list[dict]) -> list[dict]:
     return table
 
 
-def write_report(out_dir) -> Path:
-    """summary.md and plots from `ulysses.csv` (and `core.csv` when present)."""
+def read_report_rows(out_dir) -> tuple[list[dict], list[dict]]:
+    """The checked rows of `ulysses.csv` and `core.csv` in `out_dir` (either may be absent, not both)."""
     out = Path(out_dir)
     if not (out / "ulysses.csv").exists() and not (out / "core.csv").exists():
         raise InputError(f"--out {out}: has neither ulysses.csv nor core.csv; run the grid first")
     rows = read_grid(out / "ulysses.csv") if (out / "ulysses.csv").exists() else []
+    return rows, (read_core(out / "core.csv") if (out / "core.csv").exists() else [])
+
+
+def write_report(out_dir, rows_and_core: tuple[list[dict], list[dict]] | None = None) -> Path:
+    """summary.md and plots from `ulysses.csv` (and `core.csv` when present); `rows_and_core`: what
+    `read_report_rows` gave, read before (so that a malformed file is refused before any output)."""
+    out = Path(out_dir)
+    rows, crows = read_report_rows(out) if rows_and_core is None else rows_and_core
     table = grid_table(rows)
-    core = out / "core.csv"
-    crows = read_core(core) if core.exists() else []
     lines = ["# Ulysses attention: every exchange vs attention alone (one GPU, loopback)", ""]
     for label, src in (("Grid", rows), ("Attention core", crows)):
         if src:
@@ -549,6 +555,8 @@ def _handler(args) -> int:
     if measuring and not has_gpu():
         raise InputError(f"{'--core ' if args.core else ''}needs a CUDA GPU (--summarize-only runs anywhere)")
     res = load_results(args.calibration, kind="ulysses") if args.calibration and measuring and not args.core else None
+    # A malformed results file is refused before the outputs are touched (not even the manifest).
+    read = None if measuring else read_report_rows(out)
     with outs:
         if args.core and measuring:
             run_core(out, shapes=shapes, warmup=args.warmup, rep=args.rep)
@@ -561,7 +569,7 @@ def _handler(args) -> int:
             run_grid(out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                      max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
                      graphs=not args.eager, turns=args.turns)
-        summary = write_report(out)
+        summary = write_report(out, read)
     emit({"summary": str(summary)}, args.json, summary.read_text())
     return 0
 

@@ -44,10 +44,10 @@ ONSET_MARGIN_NS = 200.0
 RECOVERED_FACTOR = 1.2
 
 
-def summarise_dir(out_dir, progress=None) -> list[dict]:
-    """Summary rows of every `raw/*.csv` under `out_dir` (with a `sweep` column); writes summary.csv.
-    Every file is read and checked (`xstage.results.io.read_table`, `xstage.model.data.summarise`)
-    before summary.csv is written; `progress(done, total)` follows the files."""
+def summarise_raw(out_dir, progress=None) -> list[dict]:
+    """Summary rows of every `raw/*.csv` under `out_dir` (with a `sweep` column), every file read and
+    checked (`xstage.results.io.read_table`, `xstage.model.data.summarise`); writes nothing.
+    `progress(done, total)` follows the files."""
     out_dir = Path(out_dir)
     files = sorted((out_dir / "raw").glob("*.csv"))
     if not files:
@@ -58,7 +58,13 @@ def summarise_dir(out_dir, progress=None) -> list[dict]:
         summary += [{"sweep": f.stem, **r} for r in summarise(table.rows, f"probe data {f}", table.lines)]
         if progress:
             progress(i + 1, len(files))
-    write_csv_atomic(out_dir / "summary.csv", summary, SUMMARY_FILE_COLUMNS)
+    return summary
+
+
+def summarise_dir(out_dir, progress=None) -> list[dict]:
+    """`summarise_raw`, then summary.csv written with its rows (after every file was checked)."""
+    summary = summarise_raw(out_dir, progress)
+    write_csv_atomic(Path(out_dir) / "summary.csv", summary, SUMMARY_FILE_COLUMNS)
     return summary
 
 

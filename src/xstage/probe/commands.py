@@ -24,7 +24,7 @@ from xstage.bounds import MAX_BOOTSTRAP, MAX_SMS, cli_int
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
-from xstage.probe.report import analyse
+from xstage.probe.report import analyse, load_probe_dir
 from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
 from xstage.results.output import Outputs, add_force_option, emit
@@ -88,6 +88,9 @@ def run_probe(args) -> int:
         measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=False)
         group.barrier()
         return 0
+    quiet = args.quiet or args.json
+    # --analyse-only: a malformed folder is refused before any output is touched (not even the manifest)
+    inputs = None if measuring else load_probe_dir(out, quiet=quiet)
     with outs:
         if measuring:
             info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet)
@@ -95,7 +98,7 @@ def run_probe(args) -> int:
                 group.barrier()
             if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
                 say(f"all {info['configs_skipped']} configurations already measured in {out}", quiet=args.json)
-        result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap, quiet=args.quiet or args.json)
+        result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap, quiet=quiet, inputs=inputs)
     emit(result, args.json, result["text"])
     return 0
 

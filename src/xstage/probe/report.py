@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,8 @@ from xstage.model.data import CONFIG_COLUMNS, load_reference_data, observations_
 from xstage.model.fit import DEFAULT_STRUCTURE, fit_path, weighted_quantile
 from xstage.model.predict import predict_rows
 from xstage.model.profile import Profile
-from xstage.probe.analysis import experiments, plot_experiments, read_summary, summarise_dir
-from xstage.results.io import read_json
+from xstage.probe.analysis import SUMMARY_FILE_COLUMNS, experiments, plot_experiments, read_summary, summarise_raw
+from xstage.results.io import read_json, write_csv_atomic
 from xstage.results.output import write_text
 from xstage.results.plots import pyplot, save_figure
 from xstage.results.progress import Progress, say
@@ -302,21 +303,42 @@ def _fit_with_progress(summary: list[dict], path: str, bootstrap: int, quiet: bo
                              progress=lambda done, total: bar.advance(1 + done - bar.done))
 
 
-def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None, quiet: bool = True) -> dict:
-    """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc.
-    Every input is read and checked before the first file is written. `quiet=False` reports progress
-    on standard error (the fit takes tens of seconds)."""
+@dataclass
+class ProbeInputs:
+    """What an analysis reads from its folder, checked: the run record, and the summary rows made
+    from `raw/*.csv` (`raw_summary`, summary.csv still to be written) or read from summary.csv."""
+
+    run: dict
+    raw_summary: list[dict] | None
+    summary: list[dict] | None
+
+
+def load_probe_dir(out_dir, *, quiet: bool = True) -> ProbeInputs:
+    """Read and check every input of `analyse` in `out_dir`, writing nothing (so that a command can
+    refuse a malformed folder before it touches any output)."""
     out_dir = Path(out_dir)
     run = _read_run(out_dir)
-    raw = sorted((out_dir / "raw").glob("*.csv"))
-    if raw:
-        with Progress(len(raw), "probe: raw files summarised", quiet=quiet) as bar:
-            summarise_dir(out_dir, progress=bar.callback)
+    if sorted((out_dir / "raw").glob("*.csv")):
+        n = len(sorted((out_dir / "raw").glob("*.csv")))
+        with Progress(n, "probe: raw files summarised", quiet=quiet) as bar:
+            return ProbeInputs(run, summarise_raw(out_dir, progress=bar.callback), None)
+    if (out_dir / "summary.csv").exists() or (out_dir / "summary.csv").is_symlink():
+        return ProbeInputs(run, None, read_summary(out_dir / "summary.csv"))
+    raise InputError(f"-o {out_dir}: holds neither raw/*.csv nor summary.csv")
+
+
+def analyse(out_dir, *, fit: bool = True, bootstrap: int = 20, path: str | None = None, quiet: bool = True,
+            inputs: ProbeInputs | None = None) -> dict:
+    """Summarise, reduce, plot and fit what `out_dir` holds; writes the files listed in the module doc.
+    Every input is read and checked before the first file is written (`inputs`: what
+    `load_probe_dir` read before). `quiet=False` reports progress on standard error (the fit takes
+    tens of seconds)."""
+    out_dir = Path(out_dir)
+    inputs = inputs or load_probe_dir(out_dir, quiet=quiet)
+    run, summary = inputs.run, inputs.summary
+    if inputs.raw_summary is not None:
+        write_csv_atomic(out_dir / "summary.csv", inputs.raw_summary, SUMMARY_FILE_COLUMNS)
         summary = read_summary(out_dir / "summary.csv")
-    elif (out_dir / "summary.csv").exists() or (out_dir / "summary.csv").is_symlink():
-        summary = read_summary(out_dir / "summary.csv")
-    else:
-        raise InputError(f"-o {out_dir}: holds neither raw/*.csv nor summary.csv")
     path = path or summary[0]["path"]
     exp = experiments(summary)
     write_text(out_dir / "experiments.json", json.dumps(exp, indent=1, default=str))

@@ -153,7 +153,11 @@ class CsvKind:
     signature: tuple[str, ...]
 
     def a(self) -> str:
-        return f"{'an' if self.name[0] in 'aeio' else 'a'} {self.name} CSV (from {self.made_by})"
+        return f"{_article(self.name)} {self.name} CSV (from {self.made_by})"
+
+
+def _article(name: str) -> str:
+    return "an" if name[0] in "aeio" else "a"  # the names start in lower case but for MoE and Ulysses
 
 
 # Every kind, so that a file of one kind given where another is read is named for what it is.
@@ -201,7 +205,9 @@ def _kind_of(header: list[str], kinds: Mapping[str, Sequence[str]], label: str) 
 
     kind = next((k for k in kinds if looks(k)), None)
     if kind is None:
-        wanted = " or ".join(CSV_KINDS[k].a() for k in kinds)
+        names = [CSV_KINDS[k].name for k in kinds]
+        wanted = (CSV_KINDS[next(iter(kinds))].a() if len(kinds) == 1
+                  else f"{_article(names[0])} {', '.join(names[:-1])} or {names[-1]} CSV")
         others = [k for k in CSV_KINDS if k not in kinds and looks(k)]
         if others:
             raise InputError(f"{label}: looks like {CSV_KINDS[others[0]].a()}, not {wanted}")

@@ -32,7 +32,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,11 +101,10 @@ def _check_writable_folder(folder: Path, arg: str, target: Path) -> None:
         raise InputError(f"{arg} {target}: folder {folder} does not exist")
     if not folder.is_dir():
         raise InputError(f"{arg} {target}: {folder} is not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as exc:
-        raise InputError(f"{arg} {target}: cannot write in {folder} ({exc.strerror or exc})") from None
+    # A permission check rather than a test file: a refused command must leave even the folder's
+    # modification time as it was (access() also answers EROFS for a read-only mount).
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{arg} {target}: cannot write in {folder} (permission denied or read-only)")
 
 
 def _check_folder(p: Path, arg: str) -> None:
