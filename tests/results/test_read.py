@@ -194,6 +194,15 @@ def test_resuming_a_compressed_results_file_is_one_line(tmp_path):
     assert path.read_bytes() == before
 
 
+def test_a_results_file_that_is_a_fifo_or_folder_is_refused_before_writing(tmp_path):
+    os.mkfifo(tmp_path / "r.csv")
+    with pytest.raises(InputError, match="r.csv: is a FIFO"):  # opening it to write would wait for a reader
+        ResultWriter(tmp_path / "r.csv", ["shape"], ["shape"], env={"gpu": "g"})
+    (tmp_path / "d.csv").mkdir()
+    with pytest.raises(InputError, match="d.csv: is a folder"):
+        ResultWriter(tmp_path / "d.csv", ["shape"], ["shape"], env={"gpu": "g"})
+
+
 def test_json_goes_through_the_same_checks(tmp_path):
     text = PROFILE_JSON.read_text()
     assert read_json(write(tmp_path / "bom.json", with_bom(text))) == json.loads(text)

@@ -366,6 +366,8 @@ class ResultWriter:
         self.columns = list(columns) + ([] if own_env else list(ENV_COLUMNS))
         self.key_columns = list(key_columns)
         self._keys: set[tuple[str, ...]] = set()
+        if self.path.exists() and not self.path.is_file():
+            read_bytes(self.path)  # refuses a folder, FIFO or device by name, before opening it to write
         if self.path.exists() and self.path.stat().st_size > 0:
             self._resume()
         else:
