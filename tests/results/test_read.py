@@ -87,6 +87,12 @@ def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
     assert bom.rows == plain.rows and len(bom.rows) == 5
 
 
+def test_windows_line_ends_read_alike(tmp_path):
+    text = committed(MOE_CSV, 5)
+    crlf = read_table(write(tmp_path / "crlf.csv", text.replace("\n", "\r\n")), MOE)
+    assert crlf.rows == read_table(write(tmp_path / "lf.csv", text), MOE).rows and crlf.lines == [2, 3, 4, 5, 6]
+
+
 def test_duplicate_columns_are_refused_instead_of_the_last_copy_winning(tmp_path):
     text = duplicate_column(committed(MOE_CSV, 5), "time_ns")
     assert list(csv.DictReader(text.splitlines()))[0]["time_ns"] == "1"  # what a plain DictReader would read
