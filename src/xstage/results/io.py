@@ -157,7 +157,7 @@ class CsvKind:
 
 
 def _article(name: str) -> str:
-    return "an" if name[0] in "aeio" else "a"  # the names start in lower case but for MoE and Ulysses
+    return "an" if name[0] in "aeio" else "a"  # a MoE, a Ulysses (said "you"), an attention-core
 
 
 # Every kind, so that a file of one kind given where another is read is named for what it is.
