@@ -127,7 +127,7 @@ def test_fit_command_writes_a_profile_and_keeps_old_output_on_failure(tmp_path, 
     bad = tmp_path / "bad.csv"
     bad.write_text("issue_median_ns,path\n5,host\n")
     assert main(["fit", str(bad), "-o", str(out)]) == 2  # its own profile: a rerun may replace it, not a failed one
-    assert "missing column" in capsys.readouterr().err
+    assert "no column(s) n_sm" in capsys.readouterr().err
     assert out.read_text() == before
     mine = tmp_path / "mine.json"
     mine.write_text("{}")
