@@ -45,18 +45,17 @@ from xstage.attention.ulysses import (
     unpack_loopback,
 )
 from xstage.bench.commands import add_grid_options
+from xstage.bench.ulysses_report import CORES, MAX_ERR, TRITON_CONFIG, read_core, read_report_rows, write_report
 from xstage.comm import create_context
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
-from xstage.results.io import ResultWriter, cell_count, cell_number, cell_text, cell_time, read_table
-from xstage.results.output import Outputs, add_force_option, emit, write_text
-from xstage.results.plots import plot_lines
+from xstage.results.io import ResultWriter
+from xstage.results.output import Outputs, add_force_option, emit
 from xstage.results.select import select
-from xstage.results.tables import markdown_table
 from xstage.results.timing import time_device, time_in_turns
 from xstage.sched.exchange import check_call_shape, chooser, fit_exchange_costs
-from xstage.sched.measured import ULYSSES_COLUMNS, check_ulysses_rows, load_results
+from xstage.sched.measured import load_results
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
@@ -70,7 +69,6 @@ CALIBRATION_SHAPES = ((16, 128), (32, 64), (32, 128))
 # 12280 and 57330 are not multiples of 16: Triton compiles the attention kernels for those separately
 # (`benchmarks/results/h200-ulysses-length-specialization/`), and the fused exchange costs more there
 CALIBRATION_TOKENS = (3072, 6144, 12280, 12288, 24576, 57330, 57344, 98304)
-CORES = ("attention:triton", "attention:cudnn")
 # every exchange the planner ranks, the even cut of three and four cuDNN blocks beside their `waves` cut
 VARIANTS = CORES + ("serial:triton", "serial:cudnn", "overlap:cudnn:3", "overlap:cudnn:4", "overlap:cudnn:3:waves",
                     "overlap:cudnn:4:waves", "overlap:triton:4:waves", "stores:paced", "auto")
@@ -82,8 +80,6 @@ RESULTS, CORE_RESULTS = "ulysses.csv", "core.csv"  # appended to by the grid and
 SUMMARY_FILES = ("summary.md", "speedup.png", "overhead.png")  # written again from the CSVs by every run
 CORE_COLUMNS = ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n", "num_warps", "num_stages",
                 "ctas_per_sm", "tma", "time_ns", "tflops", "ratio_vs_cudnn", "rel_err", "sass"]
-SERIALS = (str(parse_exchange("serial:triton")), "serial:cudnn")
-MAX_ERR = 2e-2  # bf16 outputs of two attention cores differ by a few ulps of their largest value
 
 
 def grid_configs(grid: str = "main"):
@@ -246,31 +242,6 @@ def delivered_error(plan, state, reference: torch.Tensor, exchange: str, *, stre
     return err / ref_max
 
 
-CORE_REQUIRED = ("tokens", "heads", "dim", "layout", "impl", "time_ns", "tflops")
-TRITON_CONFIG = ("block_m", "block_n", "num_warps", "num_stages", "ctas_per_sm", "tma")  # of every Triton row
-
-
-def read_core(path) -> list[dict]:
-    """The rows of a `core.csv` (`run_core`), checked: the file (`xstage.results.io.read_table`), sizes,
-    finite positive times and TFLOP/s, and each Triton row's configuration."""
-    table = read_table(path, {"ulysses-core": CORE_REQUIRED})
-    for i, r in enumerate(table.rows):
-        at = table.where(i)
-        for c in ("tokens", "heads", "dim"):
-            cell_count(r, c, at)
-        cell_time(r, "time_ns", at)
-        cell_number(r, "tflops", at, positive=True)
-        for c in ("ratio_vs_cudnn", "rel_err"):
-            if c in r:
-                cell_number(r, c, at, optional=True)
-        if cell_text(r, "impl", at) == "triton":
-            for c in TRITON_CONFIG:
-                cell_count(r, c, at, minimum=0 if c in ("ctas_per_sm", "tma") else 1)
-            if int(r["tma"]) > 1:
-                raise InputError(f"{at}, column tma: {r['tma']}: must be 0 or 1")
-    return table.rows
-
-
 def tuned_configs(*core_csvs) -> dict:
     """The fastest Triton configuration per head dim over `core.csv` files (see `run_core`)."""
 
@@ -397,99 +368,6 @@ def sass_summary(kernel) -> str:
     if n_spills is not None:
         parts.append(f"spills={n_spills} regs={getattr(kernel, 'n_regs', '?')}")
     return " ".join(parts)
-
-
-def _num(row, col="time_ns") -> float:
-    try:
-        return float(row[col]) if row and row.get(col) not in (None, "") else float("nan")
-    except ValueError:
-        return float("nan")
-
-
-def read_grid(path) -> list[dict]:
-    """The rows of a `ulysses.csv` (`run_grid`), checked (`xstage.results.io.read_table` and
-    `xstage.sched.measured.check_ulysses_rows`: sizes, variants, finite positive times)."""
-    table = read_table(path, {"ulysses": (*ULYSSES_COLUMNS, "path")})
-    check_ulysses_rows(table.rows, str(table.path), table.lines)
-    return table.rows
-
-
-def grid_table(rows: list[dict]) -> list[dict]:
-    """One line per configuration: every variant's time (us) and the ratios the targets name."""
-    by_key: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        key = (int(r["heads"]), int(r["dim"]), int(r["tokens"]), int(r["P"]), r["path"])
-        by_key.setdefault(key, {})[r["variant"]] = r
-    table = []
-    for (H, D, T, P, path), v in sorted(by_key.items(), key=lambda kv: (kv[0][2], kv[0][0], kv[0][1], kv[0][3])):
-        line = {"heads x dim": f"{H}x{D}", "tokens": T, "P": P, "path": path}
-        attn = min(_num(v.get(c)) for c in CORES)
-        serial = min(_num(v.get(c)) for c in SERIALS)
-        for name, row in v.items():
-            line[f"{name} us"] = _num(row) / 1e3
-        if "auto" in v:
-            line["auto runs"] = v["auto"].get("exchange", "")
-            line["best serial / auto"] = serial / _num(v["auto"])
-            line["auto / attention"] = _num(v["auto"]) / attn
-            line["auto p10-p90 %"] = 100 * (_num(v["auto"], "p90_ns") - _num(v["auto"], "p10_ns")) / _num(v["auto"])
-        line["ok"] = all(str(r.get("exchange_ok", "")) in ("", "1") for r in v.values())
-        table.append(line)
-    return table
-
-
-def read_report_rows(out_dir) -> tuple[list[dict], list[dict]]:
-    """The checked rows of `ulysses.csv` and `core.csv` in `out_dir` (either may be absent, not both)."""
-    out = Path(out_dir)
-    if not (out / "ulysses.csv").exists() and not (out / "core.csv").exists():
-        raise InputError(f"--out {out}: has neither ulysses.csv nor core.csv; run the grid first")
-    rows = read_grid(out / "ulysses.csv") if (out / "ulysses.csv").exists() else []
-    return rows, (read_core(out / "core.csv") if (out / "core.csv").exists() else [])
-
-
-def write_report(out_dir, rows_and_core: tuple[list[dict], list[dict]] | None = None) -> Path:
-    """summary.md and plots from `ulysses.csv` (and `core.csv` when present); `rows_and_core`: what
-    `read_report_rows` gave, read before (so that a malformed file is refused before any output)."""
-    out = Path(out_dir)
-    rows, crows = read_report_rows(out) if rows_and_core is None else rows_and_core
-    table = grid_table(rows)
-    lines = ["# Ulysses attention: every exchange vs attention alone (one GPU, loopback)", ""]
-    for label, src in (("Grid", rows), ("Attention core", crows)):
-        if src:
-            env = src[0]
-            lines += [f"{label} machine: {env.get('gpu')}, driver {env.get('driver')}, torch {env.get('torch')}, "
-                      f"triton {env.get('triton')}, commit {env.get('git_commit')}, {env.get('date')}.", ""]
-    if not rows:
-        lines += ["The loopback grid has not been run yet (no `ulysses.csv`).", ""]
-    if table:
-        cols = list(dict.fromkeys(c for t in table for c in t))
-        lines += ["Rank 0 of a loopback group of P on one GPU; other ranks' buffers on the path shown; bf16, "
-                  "batch 1. Medians of CUDA-graph replays (`timed` column: graph, or eager calls), the variants "
-                  "taking turns in blocks of replays; every exchange is timed "
-                  "until every destination holds its rows. `best serial` is the faster of `serial:triton` and "
-                  "`serial:cudnn`, `attention` the faster core alone, both from the same run. `auto runs`: "
-                  "the exchange the planner picked. `ok`: every destination received the attention output "
-                  f"(max error <= {MAX_ERR} of its largest value).", "",
-                  markdown_table(table, cols, floatfmt=".4g"), ""]
-        for key, ylabel, png in (("best serial / auto", "best serial / auto", "speedup.png"),
-                                 ("auto / attention", "auto / attention alone", "overhead.png")):
-            pts = [{**t, "shape": t["heads x dim"]} for t in table if key in t]
-            if pts:
-                plot_lines(pts, "tokens", key, ["shape", "P"], out / png, logx=True, ylabel=ylabel, hline=1.0,
-                           title=f"Ulysses exchange: {ylabel}")
-                lines += [f"![{ylabel}]({png})", ""]
-    if crows:
-        crow = [{**r, **{c: float(r[c]) for c in ("tflops", "ratio_vs_cudnn", "rel_err") if r.get(c)}}
-                for r in crows]
-        lines += ["## Attention core vs cuDNN SDPA", "",
-                  "bf16, batch 1, non-causal, median of CUDA-event timed calls. Layout `bshd`: contiguous "
-                  "`[B, S, H, D]`; `gathered`: the Ulysses receive buffer `[S, 3, B, H, D]` read through "
-                  "strides; cuDNN runs on contiguous `[B, H, S, D]`. `rel_err`: max |Triton - cuDNN| / "
-                  "max |cuDNN|. `sass`: instruction counts of the compiled kernel (HGMMA = Hopper warpgroup "
-                  "MMA, UTMALDG = TMA loads, STL = spill stores).", "",
-                  markdown_table(crow, ["tokens", "heads", "dim", "layout", "impl", "block_m", "block_n",
-                                        "num_warps", "num_stages", "ctas_per_sm", "tma", "tflops",
-                                        "ratio_vs_cudnn", "rel_err", "sass"]), ""]
-    return write_text(out / "summary.md", "\n".join(lines))
 
 
 def _variant_list(text: str) -> list[str]:
