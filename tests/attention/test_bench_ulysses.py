@@ -77,3 +77,34 @@ def test_report_ratios(tmp_path):
     assert float(cells[col["auto / attention"]]) == pytest.approx(120 / 90, rel=1e-3)
     assert cells[col["auto runs"]] == "overlap:cudnn"
     assert (tmp_path / "speedup.png").exists() and (tmp_path / "overhead.png").exists()
+
+
+def test_policy_table_counts_the_targets_per_policy_beside_the_oracle():
+    """Two configurations, one short and one long, times chosen by hand: every count, extreme and
+    geomean of the table against the ratios worked out here."""
+    from xstage.bench.ulysses_report import policy_table
+
+    def config(tokens, times):
+        return [{"heads": 24, "dim": 128, "tokens": tokens, "P": 2, "path": "host", "variant": v, "time_ns": t}
+                for v, t in times.items()]
+
+    rows = (config(4608, {"attention:triton": 100, "attention:cudnn": 90, "serial": 160, "serial:cudnn": 150,
+                          "overlap:cudnn:3": 120, "stores:paced": 155, "auto": 125})
+            + config(32760, {"attention:triton": 1000, "attention:cudnn": 1010, "serial": 1100, "serial:cudnn": 1200,
+                             "overlap:cudnn:3": 1020, "stores:paced": 1040, "auto": 1020}))
+    table = {r["policy"]: r for r in policy_table(rows)}
+    assert list(table)[0] == "auto" and list(table)[-1] == "oracle (best per configuration)"
+    auto, overlap, stores = table["auto"], table["overlap:cudnn:3"], table["stores:paced"]
+    oracle = table["oracle (best per configuration)"]
+    # best serial: 150 (short), 1100 (long); attention: 90, 1000
+    assert auto[">= 0.99x best serial"] == 2 and auto["min over best serial"] == pytest.approx(1100 / 1020)
+    assert auto["<= 1.03x attention from 32760 tokens"] == 1 and auto["max over attention from 32760"] == 1.02
+    assert auto["geomean over best serial below 32760"] == pytest.approx(150 / 125)
+    assert auto["geomean over best serial, all"] == pytest.approx(((150 / 125) * (1100 / 1020)) ** 0.5)
+    assert stores[">= 0.99x best serial"] == 1 and stores["min over best serial"] == pytest.approx(150 / 155)
+    assert stores["<= 1.03x attention from 32760 tokens"] == 0
+    assert oracle["geomean over best serial below 32760"] == pytest.approx(150 / 120)  # overlap there, not auto
+    assert oracle["max over attention from 32760"] == overlap["max over attention from 32760"] == 1.02
+    # a serial or core missing from a configuration leaves it out (no NaN ratio)
+    partial = [r for r in rows if not (r["tokens"] == 4608 and r["variant"] == "serial:cudnn")]
+    assert policy_table(partial)[0]["configurations"] == 1

@@ -173,10 +173,10 @@ def policy_table(rows: list[dict]) -> list[dict]:
     were measured."""
     configs = []
     for (_H, _D, T, _P, _path), v in sorted(_configs(rows).items()):
-        serial = min(_num(v.get(c)) for c in SERIALS)
-        attn = min(_num(v.get(c)) for c in CORES)
-        if not (math.isfinite(serial) and math.isfinite(attn)):
+        if not all(math.isfinite(_num(v.get(c))) for c in (*SERIALS, *CORES)):
             continue
+        serial = min(_num(v[c]) for c in SERIALS)
+        attn = min(_num(v[c]) for c in CORES)
         times = {name: _num(r) for name, r in v.items() if name not in CORES and math.isfinite(_num(r))}
         exchanges = {n: t for n, t in times.items() if n != "auto"}
         if exchanges:
