@@ -161,7 +161,8 @@ def _lag(unit_expert, n1, n2, num_ctas, arg, pool_units=None) -> list[Task]:
     return order
 
 
-_REGISTRY: dict[str, Callable] = {"expert_wave": _expert_wave, "interleaved": _interleaved, "lag": _lag}
+_BUILTIN: dict[str, Callable] = {"expert_wave": _expert_wave, "interleaved": _interleaved, "lag": _lag}
+_REGISTRY: dict[str, Callable] = dict(_BUILTIN)
 # Names resolved per call to one of the orders above (e.g. `model_guided`, which `xstage.sched`
 # registers: the planner's pick for the call's shape, path and pacing).
 _CHOOSERS: dict[str, Callable] = {}
@@ -324,6 +325,24 @@ def _integers(label: str, values, minimum: int) -> list[int]:
     return [_integer(f"{label}[{i}]", v, minimum) for i, v in enumerate(values)]
 
 
+def pool_too_small(name: str, pool_units: int, unit: int) -> PoolTooSmallError:
+    """The refusal of an order whose unit `unit` would need its LINEAR1 before its pool slot is free
+    (one wording for the host table and the device plan's up-front check)."""
+    return PoolTooSmallError(f"schedule {name!r}: needs more than the {pool_units} units the row pool holds "
+                             f"(unit {unit} must wait for unit {unit - pool_units}'s rows); use a larger pool_bytes "
+                             "or a schedule with fewer units in flight")
+
+
+def builtin_order(name: str) -> tuple[str, int] | None:
+    """`(order, k)` when `name` is one of the orders shipped here, still registered as shipped
+    (`lag:k` gives its k, the others 0); None for an order added with `register_schedule`.
+    `InputError` for a name that is not an order (`check_schedule`)."""
+    base, arg = _parse(name)
+    if _REGISTRY.get(base) is not _BUILTIN.get(base):
+        return None
+    return base, int(arg) if arg else 0
+
+
 def _check_order(table: np.ndarray, n1: int, n2: int = 0, pool_units: int | None = None, name: str = "") -> None:
     """Every task's dependencies come earlier in the global order (the deadlock-freedom invariant): a
     LINEAR1 after its unit's dispatch, a LINEAR2 after all its unit's LINEAR1, and with a row pool a
@@ -335,9 +354,7 @@ def _check_order(table: np.ndarray, n1: int, n2: int = 0, pool_units: int | None
         need = 0 if kind == DISPATCH else (1 if kind == LINEAR1 else 1 + n1)
         if have < need:
             if kind == LINEAR1 and pool_units and u >= pool_units:
-                raise PoolTooSmallError(f"schedule {name!r}: needs more than the {pool_units} units the row pool holds "
-                                 f"(unit {u} must wait for unit {u - pool_units}'s rows); use a larger pool_bytes "
-                                 "or a schedule with fewer units in flight")
+                raise pool_too_small(name, pool_units, u)
             raise InputError(f"schedule order: {KIND_NAMES[kind]} of unit {u} comes before its inputs")
         if kind == DISPATCH and pool_units and u >= pool_units and seen.get(u - pool_units, 0) < 1 + n1 + n2:
             raise InputError(f"schedule order: the dispatch of unit {u} comes before unit {u - pool_units} "
