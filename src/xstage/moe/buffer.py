@@ -75,6 +75,7 @@ from xstage.moe.pacing import AUTO, resolve_pacing
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
 STAGE_POOL_SLOT = 37
+STAGE_PLAN_BARRIER = 38  # the device plan's grid barrier (xstage.moe.device_plan)
 STAGE_NAMES = {
     STAGE_POOL_SLOT: "moe.dispatch_waits_pool_slot",
     STAGE_L1_WAIT: "moe.linear1_waits_dispatch",
@@ -82,6 +83,7 @@ STAGE_NAMES = {
     STAGE_COMBINE_DONE: "moe.reduce_waits_combine",
     STAGE_BUFFER_FREE: "moe.combine_buffer_free",
     STAGE_STORE_PACING: "moe.combine_store_pacing",
+    STAGE_PLAN_BARRIER: "moe.plan_waits_programs",
 }
 for _code, _name in STAGE_NAMES.items():
     register_stage(_code, _name)
