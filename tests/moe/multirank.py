@@ -49,9 +49,9 @@ def _fp8_single_rank(x, idx, w, every, cfg, T_max, E, K, H, I, device):
     return fused_moe(x, idx, w, *transform_weights(l1, l2, cfg.block_n1, s1, s2), buf, schedule="expert_wave").cpu()
 
 
-def moe_worker(rank, world, init_file, shape, dtype_name, result_file):
+def moe_worker(rank, world, init_file, shape, dtype_name, result_file, plan_on="host"):
     """Run every schedule of `SCHEDULES` twice on this rank and compare with `reference_moe_dist`
-    (`fp8`: with the FP8-emulating reference of every expert)."""
+    (`fp8`: with the FP8-emulating reference of every expert); `plan_on` as `fused_moe` takes it."""
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -79,7 +79,7 @@ def moe_worker(rank, world, init_file, shape, dtype_name, result_file):
         for s in SCHEDULES + SCHEDULES:
             buf.combine.fill_(float("nan"))
             buf.barrier()
-            outs.append(fused_moe(x, idx, w, w1t, w2, buf, schedule=s).cpu())
+            outs.append(fused_moe(x, idx, w, w1t, w2, buf, schedule=s, plan_on=plan_on).cpu())
             buf.barrier()
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         err = max(float((o.double() - ref).abs().max()) for o in outs)
@@ -105,13 +105,14 @@ def moe_worker(rank, world, init_file, shape, dtype_name, result_file):
         dist.destroy_process_group()
 
 
-def run_ranks(tmp_path, world, shape, dtype_name, timeout_s=240):
+def run_ranks(tmp_path, world, shape, dtype_name, timeout_s=240, plan_on="host"):
     import multiprocessing as mp
 
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     spawn = mp.get_context("spawn")
     result = str(tmp_path / "result")
-    procs = [spawn.Process(target=moe_worker, args=(r, world, str(tmp_path / "store"), shape, dtype_name, result))
+    procs = [spawn.Process(target=moe_worker,
+                           args=(r, world, str(tmp_path / "store"), shape, dtype_name, result, plan_on))
              for r in range(world)]
     for p in procs:
         p.start()

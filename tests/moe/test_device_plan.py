@@ -10,10 +10,12 @@ work over programs is checked here; the single launch with its grid barriers run
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
-from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.errors import InputError
+from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
 from xstage.moe.buffer import MIN_POOL_UNITS
 from xstage.moe.device_plan import DevicePlan, device_plan, plan_tables, pool_needed
 from xstage.moe.fused import _Plan, plan
@@ -240,9 +242,73 @@ def test_custom_order_is_planned_on_the_host(monkeypatch):
         assert isinstance(p, _Plan) and torch.equal(p.tasks, plan(idx, buf, name, ctas=2).tasks)
 
 
-# ---- GPU: the single launch with its grid barriers ---------------------------------------------
+def test_plan_on_is_checked():
+    buf = _buffer(4, 2, 2, 1, CFG)
+    x = torch.zeros(4, 64, dtype=torch.float16)
+    idx = torch.zeros(4, 2, dtype=torch.int64)
+    for bad, kw in (("gpu", {}), ("device", {"static": True})):
+        with pytest.raises(InputError, match="plan_on="):
+            fused_moe(x, idx, torch.ones(4, 2), None, None, buf, plan_on=bad, **kw)
+
+
+def _weights(E_local, H, I, dtype, gen, bn1):
+    l1 = (torch.randn(E_local, 2 * I, H, generator=gen) / H**0.5).to(dtype)
+    l2 = (torch.randn(E_local, H, I, generator=gen) / I**0.5).to(dtype)
+    return transform_weights(l1, l2, bn1)
+
+
+@pytest.mark.parametrize("dtype,R,path,form", [
+    pytest.param(torch.float16, 2, "hbm", "dyn", id="fp16-EP2-hbm-dyn"),
+    pytest.param(torch.float32, 4, "host", "rr", id="fp32-EP4-host-rr"),
+    pytest.param(torch.float16, 1, "hbm", "rr", id="fp16-EP1-hbm-rr"),
+])
+def test_fused_moe_with_the_device_plan_is_bitwise_the_host_plans(dtype, R, path, form):
+    E, K, H, I = 4 * R, 2, 64, 32
+    cfg = dataclasses.replace(CFG, dynamic=form == "dyn")
+    buf = MoEBuffer(24, E, K, H, I, LoopbackGroup(R, path=path), device="cpu", dtype=dtype, config=cfg)
+    gen = torch.Generator().manual_seed(R)
+    w1t, w2 = _weights(E // R, H, I, dtype, gen, cfg.block_n1)
+    # Token counts that grow and shrink: the device plan's buffers keep rows of earlier calls.
+    for T, schedule in ((24, "interleaved"), (5, "lag:1"), (17, "expert_wave"), (0, "lag:0")):
+        x = torch.randn(T, H, generator=gen).to(dtype)
+        idx = _skewed(T, E, K, gen) if T != 17 else _uniform(T, E, K, gen)
+        w = torch.rand(T, K, generator=gen)
+        outs = []
+        for plan_on in ("host", "device"):
+            buf.combine.fill_(float("nan"))  # a combine row nobody wrote poisons y
+            if buf.combine_host is not None:
+                buf.combine_host.fill_(float("nan"))
+            outs.append(fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule, pacing="off", plan_on=plan_on))
+        assert outs[0].shape == (T, H) and bool(torch.isfinite(outs[0]).all())
+        assert torch.equal(outs[1], outs[0]), (T, schedule)
+    assert int(buf.ready.abs().sum()) == 0 and int(buf.sync[3]) == 0  # the counters re-armed
+
+
+def test_fused_moe_device_plan_in_a_reused_pool():
+    tokens, el, K, make = ROUTINGS["pool"]
+    buf = _buffer(tokens, el, K, 1, CFG, pool=True)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(tokens, 64, generator=gen).half()
+    w = torch.rand(tokens, K, generator=gen)
+    w1t, w2 = _weights(el, 64, 32, torch.float16, gen, CFG.block_n1)
+    idx = make(tokens, el, K, gen)
+    for schedule in ("expert_wave", "lag:16"):
+        y_host = fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule, plan_on="host")
+        buf.combine.fill_(float("nan"))
+        y_dev = fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule, plan_on="device")
+        assert torch.equal(y_dev, y_host), schedule
+
+
+# ---- GPU: the single launch with its grid barriers, no host sync, CUDA-graph capture -------------
 
 GPU_CFG = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=64, block_d=64, num_warps=4, num_stages=3)
+
+
+def _gpu_problem(T, E, K, H, I, R, seed, T_max=None):
+    gen = torch.Generator().manual_seed(seed)
+    buf = MoEBuffer(T_max or T, E, K, H, I, LoopbackGroup(R), device="cuda", dtype=torch.bfloat16, config=GPU_CFG)
+    w1t, w2 = _weights(E // R, H, I, torch.bfloat16, gen, GPU_CFG.block_n1)
+    return buf, w1t.cuda(), w2.cuda(), gen
 
 
 @pytest.mark.gpu
@@ -274,3 +340,79 @@ def _cpu(p):
                                      row_slot=lay.row_slot.cpu(), counts=lay.counts.cpu(),
                                      num_units=lay.num_units.cpu())
     return out
+
+
+@pytest.mark.gpu
+def test_gpu_device_plan_call_makes_no_host_sync():
+    T, E, K, H, I, R = 512, 32, 4, 512, 256, 2
+    buf, w1t, w2, gen = _gpu_problem(T, E, K, H, I, R, seed=1)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+    idx, w = _uniform(T, E, K, gen).cuda(), torch.rand(T, K, generator=gen).cuda()
+    ref = fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1")  # compiles, and fixes the pacing decision
+    fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", check=False, plan_on="device")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", check=False, plan_on="device")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    buf.check()
+    assert torch.equal(y, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["interleaved", "lag:4"])
+def test_gpu_graph_replay_with_new_routing(schedule):
+    T, E, K, H, I, R = 384, 32, 4, 512, 256, 4
+    buf, w1t, w2, gen = _gpu_problem(T, E, K, H, I, R, seed=2)
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+    idx, w = _uniform(T, E, K, gen).cuda(), torch.rand(T, K, generator=gen).cuda()
+    for _ in range(2):  # compile and settle the per-call decisions outside the capture
+        fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule, check=False, plan_on="device")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule, check=False, plan_on="device")
+    for seed, make in ((10, _uniform), (11, _skewed), (12, _uniform)):
+        g = torch.Generator().manual_seed(seed)
+        x.copy_(torch.randn(T, H, generator=g).to(torch.bfloat16))
+        idx.copy_(make(T, E, K, g))
+        w.copy_(torch.rand(T, K, generator=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        buf.check()
+        eager = fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule)  # host plan, synchronous checks
+        assert torch.equal(y, eager), (seed, float((y.float() - eager.float()).abs().max()))
+
+
+@pytest.mark.gpu
+def test_gpu_prologue_time_against_the_main_kernel():
+    # Information for the cost model (printed, not held to a bound here): prologue and main kernel times.
+    from xstage.moe.fused import launch_main
+
+    T, E, K, H, I, R = 1024, 128, 8, 2048, 768, 1
+    buf = MoEBuffer(T, E, K, H, I, LoopbackGroup(R), device="cuda", dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(0)
+    w1t, w2 = _weights(E, H, I, torch.bfloat16, gen, buf.cfg.block_n1)
+    w1t, w2 = w1t.cuda(), w2.cuda()
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16).cuda()
+    idx, w = _uniform(T, E, K, gen).cuda(), torch.rand(T, K, generator=gen).cuda()
+    for schedule in ("interleaved", "lag:1"):
+        fused_moe(x, idx, w, w1t, w2, buf, schedule=schedule, plan_on="device")
+        times = []
+        for _ in range(20):
+            a, b, c = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            a.record()
+            p = device_plan(idx, buf, schedule)
+            b.record()
+            launch_main(x, w1t, w2, buf, p)
+            c.record()
+            y = torch.empty(T, H, dtype=torch.bfloat16, device="cuda")
+            from xstage.moe.fused import launch_reduce
+
+            launch_reduce(idx, w, y, buf)
+            torch.cuda.synchronize()
+            times.append((a.elapsed_time(b), b.elapsed_time(c)))
+        pro, main = np.median([t[0] for t in times]), np.median([t[1] for t in times])
+        print(f"{schedule}: prologue {pro * 1e3:.1f} us, main {main * 1e3:.1f} us ({100 * pro / main:.1f}%)")
+        assert pro > 0 and main > 0

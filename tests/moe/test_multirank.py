@@ -14,10 +14,17 @@ def test_two_ranks_cpu_fp16(tmp_path):
     assert run_ranks(tmp_path, 2, (6, 4, 2, 64, 32), "fp16") == ["ok", "ok"]
 
 
+@pytest.mark.slow
+def test_two_ranks_cpu_fp16_device_plan(tmp_path):
+    # The plan built on the device reads every peer's routing from its symmetric copy.
+    assert run_ranks(tmp_path, 2, (6, 4, 2, 64, 32), "fp16", plan_on="device") == ["ok", "ok"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("world", [2, 4])
-def test_ranks_share_one_gpu_bf16(tmp_path, world):
-    assert run_ranks(tmp_path, world, (40, 8, 2, 256, 128), "bf16") == ["ok"] * world
+@pytest.mark.parametrize("plan_on", ["host", "device"])
+def test_ranks_share_one_gpu_bf16(tmp_path, world, plan_on):
+    assert run_ranks(tmp_path, world, (40, 8, 2, 256, 128), "bf16", plan_on=plan_on) == ["ok"] * world
 
 
 @pytest.mark.slow

@@ -389,7 +389,7 @@ def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tens
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
               timeout_ns: int | None = None, check: bool = True, static: bool = False,
-              pacing="buffer") -> torch.Tensor:
+              pacing="buffer", plan_on: str = "host") -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
 
     FP8 (a buffer with `dtype="fp8"`): `x` is BF16 `[T, H]`, quantized here 1x128, or a pre-quantized
@@ -407,9 +407,16 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     `pacing` paces the combine's remote stores for this call: `"buffer"` (the buffer's default),
     `"auto"` (the planner's choice for this call), `"default"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a
     `StorePacing` or None (`xstage.moe.pacing`).
+    `plan_on="device"` (opt-in) builds the routing layout and task table on the device in one
+    prologue launch without host synchronisation (`xstage.moe.device_plan`; built-in orders only, a
+    custom order is planned on the host); with `check=False` on a loopback buffer the call can then be
+    captured in a CUDA graph and replayed with new routing in the same tensors.
     """
     if not isinstance(buf, MoEBuffer):
         raise InputError(f"buf: expected a MoEBuffer, got {type(buf).__name__}")
+    if plan_on not in ("host", "device") or (static and plan_on == "device"):
+        raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' ('device' plans every call itself: "
+                         "not with static=True)")
     refuse_interpreter_bf16(buf.dtype, "buf.dtype")  # as on every rank: the buffer's dtype is the group's
     try:
         if timeout_ns is not None:
@@ -434,7 +441,12 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
         buf.idx_buf.fill_(-1)
         buf.idx_buf[: rows.shape[0]].copy_(topk_idx)
         buf.barrier()
-    p = static_plan(topk_idx, buf, schedule, pacing) if static else plan(topk_idx, buf, schedule, pacing=pacing)
+    if plan_on == "device":
+        from xstage.moe.device_plan import device_plan  # it builds on this module
+
+        p = device_plan(topk_idx, buf, schedule, pacing=pacing)
+    else:
+        p = static_plan(topk_idx, buf, schedule, pacing) if static else plan(topk_idx, buf, schedule, pacing=pacing)
     y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
     if check:
