@@ -283,27 +283,27 @@ def moe_plan_kernel(
             # The one sequential step, over experts: (wave, fill) as `schedule._waves` carries them.
             cur = U * 0
             w = U * 0
-            for e in range(0, EL):
-                n = tl.load(p_me + 4 * ELP + e)
-                has = n > 0
+            for i_e in range(0, EL):
+                n_e = tl.load(p_me + 4 * ELP + i_e)
+                has = n_e > 0
                 reset = has & ((cur >= mu) | (cur.to(tl.int64) * n1 >= 2 * C))
                 w += reset.to(tl.int32)
                 cur = tl.where(reset, 0, cur)
-                tl.store(p_me + 5 * ELP + e, w)
-                tl.store(p_me + 6 * ELP + e, cur)
-                t = cur + n - 1
-                w = tl.where(has, w + t // mu, w)
-                cur = tl.where(has, t % mu + 1, cur)
+                tl.store(p_me + 5 * ELP + i_e, w)
+                tl.store(p_me + 6 * ELP + i_e, cur)
+                last_u = cur + n_e - 1
+                w = tl.where(has, w + last_u // mu, w)
+                cur = tl.where(has, last_u % mu + 1, cur)
             tl.debug_barrier()
         o_bm = tl.arange(0, BM)
         for u0 in range(pid * BU, units_cap, G * BU):
             u = u0 + o_bu
             m_u = u < units_cap
-            e = _count_le(p_me + ELP, EL, u, m_u, ELP, LOG_E + 1, "")  # searchsorted(uend, u, right=True)
-            ec = tl.minimum(e, EL - 1)
+            e_u = _count_le(p_me + ELP, EL, u, m_u, ELP, LOG_E + 1, "")  # searchsorted(uend, u, right=True)
+            ec = tl.minimum(e_u, EL - 1)
             mb = u - tl.load(p_me + ec, mask=m_u, other=0)
             cnt = tl.load(p_me + 3 * ELP + ec, mask=m_u, other=0)
-            rows = tl.where(e < EL, tl.minimum(tl.maximum(cnt - mb * BM, 0), BM), 0)
+            rows = tl.where(e_u < EL, tl.minimum(tl.maximum(cnt - mb * BM, 0), BM), 0)
             p_ui = p_units + u.to(tl.int64) * 4
             tl.store(p_ui, ec, mask=m_u)
             tl.store(p_ui + 1, u * BM, mask=m_u)
@@ -322,10 +322,10 @@ def moe_plan_kernel(
             tl.store(p_un + 1, mb_s, mask=m_s)
             tl.store(p_un + 2, rows, mask=m_s)
             if ORDER != 2:
-                t = tl.load(p_me + 6 * ELP + e_s, mask=m_s, other=0) + mb_s
-                wave = tl.load(p_me + 5 * ELP + e_s, mask=m_s, other=0) + t // mu
+                fill = tl.load(p_me + 6 * ELP + e_s, mask=m_s, other=0) + mb_s
+                wave = tl.load(p_me + 5 * ELP + e_s, mask=m_s, other=0) + fill // mu
                 tl.store(p_un + 3, wave, mask=m_s)
-                tl.store(p_ws + wave, u, mask=m_s & (t % mu == 0))
+                tl.store(p_ws + wave, u, mask=m_s & (fill % mu == 0))
                 m_last = m_s & (u == U_s - 1)  # the wave after the last ends there too
                 tl.store(p_ws + wave + 1, u * 0 + U_s, mask=m_last)
                 tl.store(p_ws + wave + 2, u * 0 + U_s, mask=m_last)
@@ -343,7 +343,9 @@ def moe_plan_kernel(
         if WAIT and LAST >= 3 and ORDER != 2:
             _grid_barrier(p_bar, 2 * G, p_err, p_bar + 2, code, timeout_ns, max_spins, USE_PTX)
     if FIRST <= 3 and LAST >= 3:
-        # (3) pos(u) of every unit (hoisted dispatch) and the DISPATCH rows.
+        # (3) pos(u) of every unit (hoisted dispatch) and the DISPATCH rows. lag:k has no grid barrier
+        # before this phase: this CTA's own phase-2 stores must still be visible to all its threads.
+        tl.debug_barrier()
         U_s = tl.maximum(tl.load(p_me + 7 * ELP), 1)
         N = U_s * (1 + n1 + n2)
         for u0 in range(pid * BU, U_s, G * BU):
@@ -381,26 +383,28 @@ def moe_plan_kernel(
         N = U_s * (1 + n1 + n2)
         nr = n1 + n2
         o_bt = tl.arange(0, BT)
+        # (Names differ from phase 3's: a loop may not change a variable's shape, and BT != BU.)
         for q0 in range(pid * BT, U_s * nr, G * BT):
             q = q0 + o_bt
-            m = q < U_s * nr
-            u = q // nr
-            j = q - u * nr
-            is1 = j < n1
-            nb = tl.where(is1, j, j - n1)
-            p_un = p_unit + u.to(tl.int64) * UC
-            i1 = _l1_pos(tl.load(p_un + 4, mask=m, other=0, cache_modifier=".cg"),
-                         tl.load(p_un + 5, mask=m, other=0, cache_modifier=".cg"),
-                         tl.load(p_un + 6, mask=m, other=0, cache_modifier=".cg"), nb)
-            i2 = _l2_pos(tl.load(p_un + 7, mask=m, other=0, cache_modifier=".cg"),
-                         tl.load(p_un + 8, mask=m, other=0, cache_modifier=".cg"),
-                         tl.load(p_un + 9, mask=m, other=0, cache_modifier=".cg"), nb)
-            i = tl.where(is1, i1, i2)
-            g = i + _count_le(p_pos, U_s, i, m, UTOP, LOG_U + 1, ".cg")
-            rows = tl.load(p_un + 2, mask=m & ~is1, other=0, cache_modifier=".cg")
-            _write_rows(p_tasks, g, m, tl.where(is1, 1, 2), u, nb, tl.load(p_un, mask=m, other=0, cache_modifier=".cg"),
-                        tl.load(p_un + 1, mask=m, other=0, cache_modifier=".cg"), tl.where(is1, 1, 1 + n1), rows, N,
-                        C, RR, TC)
+            m_q = q < U_s * nr
+            u_q = q // nr
+            j_q = q - u_q * nr
+            is1 = j_q < n1
+            nb_q = tl.where(is1, j_q, j_q - n1)
+            p_uq = p_unit + u_q.to(tl.int64) * UC
+            i1 = _l1_pos(tl.load(p_uq + 4, mask=m_q, other=0, cache_modifier=".cg"),
+                         tl.load(p_uq + 5, mask=m_q, other=0, cache_modifier=".cg"),
+                         tl.load(p_uq + 6, mask=m_q, other=0, cache_modifier=".cg"), nb_q)
+            i2 = _l2_pos(tl.load(p_uq + 7, mask=m_q, other=0, cache_modifier=".cg"),
+                         tl.load(p_uq + 8, mask=m_q, other=0, cache_modifier=".cg"),
+                         tl.load(p_uq + 9, mask=m_q, other=0, cache_modifier=".cg"), nb_q)
+            i_q = tl.where(is1, i1, i2)
+            g_q = i_q + _count_le(p_pos, U_s, i_q, m_q, UTOP, LOG_U + 1, ".cg")
+            rows_q = tl.load(p_uq + 2, mask=m_q & ~is1, other=0, cache_modifier=".cg")
+            _write_rows(p_tasks, g_q, m_q, tl.where(is1, 1, 2), u_q, nb_q,
+                        tl.load(p_uq, mask=m_q, other=0, cache_modifier=".cg"),
+                        tl.load(p_uq + 1, mask=m_q, other=0, cache_modifier=".cg"), tl.where(is1, 1, 1 + n1), rows_q,
+                        N, C, RR, TC)
         tl.debug_barrier()
         done = tl.atomic_add(p_bar + 1, 1, sem="acq_rel", scope="gpu")
         if done == G - 1:
