@@ -188,6 +188,20 @@ def test_gathered_form_of_loopback_routing_equals_plan():
     _assert_same_plan(dev, plan(idx, buf, "expert_wave", ctas=3), buf, 3)
 
 
+def test_out_of_range_expert_ids_as_the_host_treats_them():
+    # With check=False nothing refuses them: loopback wraps them modulo E as `_all_topk` does, and in
+    # the gathered form they belong to no rank, as in `routing_layout`; no address is formed from them.
+    buf = _buffer(9, 2, 2, 2, CFG)
+    idx = _uniform(9, 4, 2, torch.Generator().manual_seed(6))
+    idx[0, 0], idx[3, 1], idx[5, 0] = -3, 4 + 5, -(1 << 40)
+    _assert_same_plan(device_plan(idx, buf, "lag:1", ctas=2, programs=2), plan(idx, buf, "lag:1", ctas=2), buf, 2)
+    stacked = torch.stack([idx, idx.flip(0)]).contiguous()
+    delta = torch.arange(2, dtype=torch.int64) * 9 * 2
+    for rank in range(2):
+        dev = plan_tables(stacked[0], delta, 9, rank, buf, "interleaved", 2, loopback=False, programs=2)
+        _assert_same_plan(dev, _host_plan_for(stacked, rank, buf, "interleaved", 2), buf, 2)
+
+
 @pytest.mark.parametrize("name", sorted(set(CANDIDATES) | {"lag:0", "lag:3", "lag:5"}))
 def test_pool_needed_is_where_the_host_starts_refusing(name):
     # For every pool and unit count above it, the host refuses the order exactly when the pool is
