@@ -225,6 +225,14 @@ def test_json_goes_through_the_same_checks(tmp_path):
         read_json(tmp_path, "task costs file")
 
 
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000])
+def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path, text):
+    """Found by tests/test_fuzz_files.py: the decoder's RecursionError escaped as a traceback."""
+    path = write(tmp_path / "deep.json", text)
+    with pytest.raises(InputError, match=r"deep.json: arrays or objects nested too deep to read"):
+        read_json(path, "profile")
+
+
 @pytest.mark.parametrize("value", [*NON_FINITE, "-5", "0", "abc", ""])
 def test_cells_refuse_what_is_not_a_time(value):
     row = {"time_ns": value}

@@ -130,7 +130,7 @@ def _reject_constant(name: str):
 def read_json(path: str | os.PathLike, what: str = "JSON file", *, allow_nonfinite: bool = False):
     """The JSON document in `path`, read through `read_text` (the same refusals). `NaN` and
     `Infinity` are not standard JSON and are refused unless `allow_nonfinite` (files whose writer
-    allowed them). Errors name the file, line and column."""
+    allowed them), and so is nesting too deep to decode. Errors name the file, line and column."""
     text = read_text(path, what)
     label = f"{what} {Path(path)}"
     if not text.strip():
@@ -139,6 +139,9 @@ def read_json(path: str | os.PathLike, what: str = "JSON file", *, allow_nonfini
         return json.loads(text, parse_constant=None if allow_nonfinite else _reject_constant)
     except json.JSONDecodeError as exc:
         raise InputError(f"{label}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:  # the decoder recurses once per level of nesting
+        raise InputError(f"{label}: arrays or objects nested too deep to read (past Python's recursion limit); "
+                         "no xstage file nests more than a few levels") from None
     except ValueError as exc:
         raise InputError(f"{label}: {exc}; write null or a finite number") from None
 
