@@ -225,6 +225,15 @@ def test_json_goes_through_the_same_checks(tmp_path):
         read_json(tmp_path, "task costs file")
 
 
+@pytest.mark.parametrize("number", ["1e999", "-1e400", "1.5e309"])
+def test_json_numbers_past_the_largest_float_are_refused_like_infinity(tmp_path, number):
+    """Found by tests/test_fuzz_files.py: `"kernel": 1e999` read as inf and went on as the text 'inf'."""
+    path = write(tmp_path / "big.json", f'{{"r0": {number}}}')
+    with pytest.raises(InputError, match=rf"big.json: {number} is past the largest float .*; write null or a finite"):
+        read_json(path, "profile")
+    assert read_json(write(tmp_path / "ok.json", '{"r0": 1e308}')) == {"r0": 1e308}
+
+
 @pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, '{"a":' * 50_000 + "1" + "}" * 50_000])
 def test_json_nested_past_the_recursion_limit_is_one_line(tmp_path, text):
     """Found by tests/test_fuzz_files.py: the decoder's RecursionError escaped as a traceback."""

@@ -127,16 +127,26 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):  # 1e999: valid JSON syntax, but past the largest float it reads as inf
+        raise ValueError(f"{text} is past the largest float (it would read as {v})")
+    return v
+
+
 def read_json(path: str | os.PathLike, what: str = "JSON file", *, allow_nonfinite: bool = False):
     """The JSON document in `path`, read through `read_text` (the same refusals). `NaN` and
     `Infinity` are not standard JSON and are refused unless `allow_nonfinite` (files whose writer
-    allowed them), and so is nesting too deep to decode. Errors name the file, line and column."""
+    allowed them), and so are numbers past the largest float (`1e999`, which would read as inf),
+    and nesting too deep to decode. Errors name the file, line and column."""
     text = read_text(path, what)
     label = f"{what} {Path(path)}"
     if not text.strip():
         raise InputError(f"{label}: is empty; expected a JSON document")
     try:
-        return json.loads(text, parse_constant=None if allow_nonfinite else _reject_constant)
+        if allow_nonfinite:
+            return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise InputError(f"{label}, line {exc.lineno}, column {exc.colno}: not valid JSON ({exc.msg})") from None
     except RecursionError:  # the decoder recurses once per level of nesting
