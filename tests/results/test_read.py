@@ -145,6 +145,19 @@ def test_files_without_rows_are_refused(tmp_path):
     assert read_rows(head, allow_empty=True) == []  # what a resumed results file may be
 
 
+def test_a_header_swallowed_by_an_open_quote_is_one_line(tmp_path):
+    """Found by tests/test_fuzz_files.py: a quote before the first column made the whole file one column
+    name, and the refusal quoted it, line ends and all."""
+    text = '"' + committed(MOE_CSV, 3)
+    with pytest.raises(InputError) as exc:
+        read_rows(write(tmp_path / "moe.csv", text), {**MOE, **ULY})
+    assert _one_line(exc).startswith(f"results file {tmp_path / 'moe.csv'}, line 1: column 1 of the header, 'shape,H,")
+    assert _one_line(exc).endswith("holds a line end or control character (a quote left open?)")
+    with pytest.raises(InputError) as exc:
+        read_rows(write(tmp_path / "bell.csv", "shape,H\x07x\na,1\n"))
+    assert _one_line(exc).endswith(r"column 2 of the header, 'H\x07x', holds a line end or control character")
+
+
 def test_rows_of_the_wrong_width_name_their_line(tmp_path):
     text = committed(MOE_CSV, 3).splitlines()
     text[2] = text[2] + ",extra"

@@ -3,7 +3,8 @@
 Reading (`read_table` / `read_rows` for CSV, `read_json`, both through `read_text` and `read_bytes`):
 the checks every loader needs, in one place, each refusal one `InputError` line naming the file (and
 the line and column): a missing file, a folder, a FIFO or a device, compressed data, text that is not
-UTF-8 (a UTF-8 byte-order mark is accepted), unnamed or repeated CSV columns, rows of the wrong width,
+UTF-8 (a UTF-8 byte-order mark is accepted), unnamed or repeated CSV columns, column names holding line
+ends or control characters, rows of the wrong width,
 a CSV of another kind than the loader reads (`CSV_KINDS`: named for the kind it looks like), the
 loader's required columns, and a file without rows. `cell_time`, `cell_count`, `cell_number` read
 one value of a row: NaN, infinities, negative times and sizes are refused, naming line and column.
@@ -262,6 +263,10 @@ def read_table(path: str | os.PathLike, kinds: Mapping[str, Sequence[str]] | Non
     for i, c in enumerate(columns):
         if not c:
             raise InputError(f"{label}, line 1: column {i + 1} of the header has no name")
+        if not c.isprintable():  # a line end in a name: a quote left open swallowed the lines after it
+            raise InputError(f"{label}, line 1: column {i + 1} of the header, {c[:40]!r}"
+                             f"{'...' if len(c) > 40 else ''}, holds a line end or control character"
+                             + (" (a quote left open?)" if "\n" in c or "\r" in c else ""))
         if c in columns[:i]:
             raise InputError(f"{label}, line 1: column {c!r} appears twice (columns {columns.index(c) + 1} and "
                              f"{i + 1}); each column must appear once")
