@@ -37,6 +37,7 @@ def make_unreadable_inputs(d) -> None:
         "moe-header.csv": header_only(moe), "moe-inf.csv": with_value(moe, "time_ns", "inf", row=2),
         "uly.csv": uly, "uly.xz.csv": compressed(uly, "xz"), "uly-dup.csv": duplicate_column(uly, "time_ns"),
         "uly-header.csv": header_only(uly), "uly-nan.csv": with_value(uly, "time_ns", "nan", row=2),
+        "uly-no-remote-bytes.csv": uly.replace(",remote_bytes,", ",remote_bytes_2,", 1),
         "core.zip.csv": compressed(committed(CORE_CSV, 4), "zip"),
         "ref-dup.csv": duplicate_column(ref, "issue_steady"), "ref.gz.csv": compressed(ref, "gzip"),
         "profile.gz.json": compressed(PROFILE_JSON.read_text(), "gzip"),
@@ -78,7 +79,8 @@ def unreadable_input_cases(d) -> list[list[str]]:
         *[["plan", "validate", str(d / f), "-o", str(d / "v")] for f in unreadable_csv],
         *[["plan", "attention-costs", str(d / f), "-o", str(d / "a")]
           for f in ("uly.xz.csv", "uly-dup.csv", "uly-nan.csv", "moe.gz.csv", "moe-dup.csv", "fifo.csv")],
-        *[[*plan_u, "--calibration", str(d / f)] for f in ("uly.xz.csv", "moe-dup.csv", "uly-header.csv", "fifo.csv")],
+        *[[*plan_u, "--calibration", str(d / f)] for f in ("uly.xz.csv", "moe-dup.csv", "uly-header.csv", "fifo.csv",
+                                                           "uly-no-remote-bytes.csv")],
         *[["plan", "validate", str(d / "uly.csv"), "-o", str(d / "v"), "--calibration", str(d / f)]
           for f in ("moe.gz.csv", "fifo.csv")],
         *[["bench", "moe", "-o", str(d / f), "--summarize-only"]

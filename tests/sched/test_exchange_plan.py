@@ -56,6 +56,23 @@ def test_the_fit_recovers_the_coefficients_of_an_exact_grid():
         fit_exchange_costs([], drain=1e9)
 
 
+@pytest.mark.parametrize("change, match", [
+    (lambda r: r.pop("remote_bytes"), r"^cal, row 2: no column remote_bytes$"),
+    (lambda r: r.update(remote_bytes="abc"), r"^cal, row 2, column remote_bytes: 'abc' is not an integer$"),
+    (lambda r: r.update(remote_bytes="nan"), r"^cal, row 2, column remote_bytes: 'nan' is not an integer$"),
+    (lambda r: r.update(time_ns="inf"), r"^cal, row 2, column time_ns: inf: must be a finite time in ns$"),
+    (lambda r: r.update(heads="x"), r"^cal, row 2, column heads: 'x' is not an integer$"),
+])
+def test_the_fit_names_a_value_it_cannot_read(change, match):
+    """Found by tests/test_fuzz_files.py: `remote_bytes`, which the copy fit reads and no check covered,
+    renamed in a calibration CSV ended `plan ulysses --calibration` in a KeyError."""
+    rows = _rows(TRUE)
+    assert rows[1]["variant"] == "serial"  # a serial row: the copy fit reads its remote_bytes
+    change(rows[1])
+    with pytest.raises(InputError, match=match):
+        fit_exchange_costs(rows, drain=TRUE.drain, source="cal")
+
+
 def test_the_overlap_sends_are_fitted_on_the_overlap_rows():
     # sends beside running attention: their own latency and rate (B/ns), not the serial copy's; a
     # cost per block, and tiles 10% slower while a send is in flight

@@ -442,7 +442,7 @@ def _handler(args) -> int:
             if res is not None:
                 # `auto` rows follow the planner fitted on this calibration grid instead of the embedded one
                 costs = fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
-                                           source=str(res.path))
+                                           source=str(res.path), lines=res.lines)
                 register_chooser(chooser(costs))
             run_grid(out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                      max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,

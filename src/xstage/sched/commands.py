@@ -280,7 +280,8 @@ def _exchange_costs(calibration: str | None):
     if calibration is None:
         return default_exchange_costs()
     res = load_results(calibration, kind="ulysses")
-    return fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain, source=str(res.path))
+    return fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain, source=str(res.path),
+                              lines=res.lines)
 
 
 def run_attention_costs(args) -> int:

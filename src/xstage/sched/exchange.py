@@ -64,6 +64,7 @@ from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.overlap import default_blocks, overlap_blocks
 from xstage.bounds import MAX_RANKS, check_int, label
 from xstage.errors import InputError
+from xstage.results.io import cell_count, cell_time
 from xstage.sched.measured import load_results
 
 BLOCK_M = 128
@@ -314,20 +315,28 @@ def plan_exchange(heads: int, dim: int, tokens: int, ranks: int, costs: Exchange
     return sorted(preds, key=lambda p: p.time_ns)
 
 
-def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibration rows") -> ExchangeCosts:
-    """Least-squares fit of every coefficient on the rows of a `xstage bench ulysses` CSV."""
+def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibration rows",
+                       lines: Sequence[int] | None = None) -> ExchangeCosts:
+    """Least-squares fit of every coefficient on the rows of a `xstage bench ulysses` CSV. Every value
+    the fit reads is checked as it is read (sizes and `remote_bytes` positive integers, times finite
+    and > 0): a refusal names `source` and the row's line (`lines`) or number."""
+    where = {id(r): f"{source}, line {lines[i]}" if lines is not None else f"{source}, row {i + 1}"
+             for i, r in enumerate(rows)}
+
     def num(r, c):
-        return float(r[c])
+        return cell_time(r, c, where[id(r)]) if c == "time_ns" else float(cell_count(r, c, where[id(r)]))
 
     by_cfg: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         if r.get("time_ns") in ("", None):
             continue
-        key = (int(r["heads"]), int(r["dim"]), int(r["tokens"]), int(r["P"]))
+        num(r, "time_ns")
+        key = tuple(cell_count(r, c, where[id(r)]) for c in ("heads", "dim", "tokens", "P"))
         by_cfg.setdefault(key, {})[r["variant"]] = r
     if not by_cfg:
         raise InputError(f"{source}: no timed rows to fit exchange costs to")
-    grid = int(next(iter(next(iter(by_cfg.values())).values()))["grid"])
+    first = next(iter(next(iter(by_cfg.values())).values()))
+    grid = cell_count(first, "grid", where[id(first)])
     attention, quality = {}, {}
     for core in ("triton", "cudnn"):
         for dim in sorted({k[1] for k in by_cfg}):
@@ -462,9 +471,9 @@ def default_exchange_costs() -> ExchangeCosts:
     from xstage.model import load_default_profile
 
     with resources.as_file(resources.files("xstage.data") / CALIBRATION_CSV) as path:
-        rows = load_results(path, kind="ulysses").rows
-    return fit_exchange_costs(rows, drain=load_default_profile("host").params.drain,
-                              source=f"xstage/data/{CALIBRATION_CSV}")
+        res = load_results(path, kind="ulysses")
+    return fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
+                              source=f"xstage/data/{CALIBRATION_CSV}", lines=res.lines)
 
 
 def chooser(costs: ExchangeCosts | None = None):
