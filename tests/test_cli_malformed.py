@@ -146,6 +146,11 @@ def _cases(d):
         ["bench", "moe", "-o", str(d / "x"), "--schedules", "lag:4@1e290:128"],
         ["bench", "moe", "-o", str(d / "x"), "--budget-s", "nan"],
         ["bench", "ulysses", "-o", str(d / "x"), "--core", "--core-shapes", "99999999999999999999999x24x128"],
+        # values holding line ends or control characters: still one line (found by tests/test_fuzz_args.py)
+        ["plan", "moe", "--shape", "\x1e", "--tokens", "64", "--ep", "4"],
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--default-pacing", "\r"],
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--candidates", "0\r"],
+        ["plan", "ulysses", "--heads", "24", "--dim", "128", "--tokens", "4096\n7", "--ranks", "4"],
         *unreadable_input_cases(d),
     ]
     if not has_gpu():  # where measuring would start, the missing GPU is the user error

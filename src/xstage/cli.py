@@ -20,12 +20,19 @@ from xstage.sched import commands as sched_commands
 from xstage.version import __version__
 
 
+def one_line(message: str) -> str:
+    """`message` as one line of text: a line end or other control character it quotes from the input
+    (`--shape $'\\r'`, a cell holding a form feed) is written as its escape, so that the refusal stays the
+    one line the contract promises and no character rewrites the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line naming the command, the argument and the constraint (exit status 2);
     `-h` shows the full usage."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} -h)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except XstageError as exc:
-        print(f"{name}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
