@@ -151,6 +151,11 @@ def _cases(d):
         ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--default-pacing", "\r"],
         ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--candidates", "0\r"],
         ["plan", "ulysses", "--heads", "24", "--dim", "128", "--tokens", "4096\n7", "--ranks", "4"],
+        # an empty path is no path: it meant the current folder, or the default, without a word
+        *[[*words, ""] for words in (["plan", "moe", "--shape", "H512-I256-E16-K2", "--tokens", "64", "--ep", "4",
+                                      "--profile"], ["model", "--burst", "64KiB", "--plot"], ["demo", "-o"],
+                                     ["bench", "moe", "--summarize-only", "-o"], ["fit"])],
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--costs", ""],
         *unreadable_input_cases(d),
     ]
     if not has_gpu():  # where measuring would start, the missing GPU is the user error

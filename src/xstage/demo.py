@@ -35,7 +35,7 @@ from xstage.model.params import PARAM_UNITS
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.schedule import CANDIDATES
 from xstage.results import emit, markdown_table
-from xstage.results.output import Outputs, add_force_option, write_text
+from xstage.results.output import Outputs, add_force_option, path_arg, write_text
 from xstage.results.progress import Progress, say
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig
@@ -171,7 +171,8 @@ def _demo(out: Path, quiet: bool) -> tuple[dict, str]:
 
 def register(sub) -> None:
     p = sub.add_parser("demo", help="the default profile: parameters, held-out error, predictions, a plan, plots")
-    p.add_argument("-o", "--out", default="xstage-demo", metavar="DIR", help=f"output folder, created if missing; "
+    p.add_argument("-o", "--out", default="xstage-demo", type=path_arg, metavar="DIR",
+                   help=f"output folder, created if missing; "
                    f"writes {', '.join(DEMO_FILES)} in it, replacing only files that xstage demo wrote "
                    "(default: ./xstage-demo)")
     add_force_option(p)

@@ -8,6 +8,7 @@ them (they import it for `add_grid_options`).
 from __future__ import annotations
 
 from xstage.bounds import cli_int, cli_real
+from xstage.results.output import path_arg
 from xstage.results.select import only_spec
 
 WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of every grid
@@ -17,7 +18,8 @@ MAX_BUDGET_S = 30 * 86400.0
 
 def add_grid_options(p) -> None:
     """Options every grid shares: output folder, slice filter, repeat counts, JSON summary."""
-    p.add_argument("-o", "--out", required=True, help="output folder (CSV, plots, summary.md); a rerun resumes "
+    p.add_argument("-o", "--out", required=True, type=path_arg,
+                   help="output folder (CSV, plots, summary.md); a rerun resumes "
                    "where the CSV stops")
     p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="run only matching "
                    "configurations; repeatable, all must match (default: the whole grid)")

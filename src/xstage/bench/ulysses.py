@@ -51,7 +51,7 @@ from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
 from xstage.results.io import ResultWriter
-from xstage.results.output import Outputs, add_force_option, emit
+from xstage.results.output import Outputs, add_force_option, emit, path_arg
 from xstage.results.select import select
 from xstage.results.timing import time_device, time_in_turns
 from xstage.sched.exchange import check_call_shape, chooser, fit_exchange_costs
@@ -465,7 +465,8 @@ def register_bench(grids) -> None:
                    help="comma-separated variants: attention:triton, attention:cudnn and exchange spellings "
                    "(serial[:CORE], overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]], auto) "
                    f"(default {','.join(VARIANTS)})")
-    p.add_argument("--calibration", metavar="CSV", help="ulysses.csv of a `--grid calibration` run: the planner "
+    p.add_argument("--calibration", type=path_arg, metavar="CSV",
+                   help="ulysses.csv of a `--grid calibration` run: the planner "
                    "behind `auto` is fitted on it (default: the embedded calibration)")
     p.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA-graph replays")
     p.add_argument("--turns", type=_turns, default=2, help="the variants take turns in this many blocks of the "
@@ -474,7 +475,7 @@ def register_bench(grids) -> None:
     p.add_argument("--grid", dest="grid_set", choices=("main", "calibration"), default="main",
                    help="main: the 54 configurations; calibration: the planner's calibration shapes "
                    "(default %(default)s)")
-    p.add_argument("--tuned-from", action="append", default=None,
+    p.add_argument("--tuned-from", action="append", default=None, type=path_arg,
                    help="core.csv (repeatable): use the fastest configuration per head dim (default: the kernel's)")
     p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M, rows per query tile, "
                    "with the next three (default 0: the kernel's own choice)")

@@ -39,7 +39,7 @@ from xstage.model.fit import STRUCTURES, BootstrapStore, fit_key
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.predict import simulate_launch, weighted_median
 from xstage.model.profile import PATHS, Profile, load_default_profile
-from xstage.results.output import Outputs, add_force_option, emit
+from xstage.results.output import Outputs, add_force_option, emit, path_arg
 from xstage.results.progress import Progress, say
 
 KIB = 1024
@@ -371,7 +371,7 @@ def register(sub) -> None:
         description="Show a Burst-Gap profile (parameters, intervals, held-out error); with --burst, predict "
                     "issue time, stall, onset, recovery and steady state (simulated, and the equal-sharing "
                     "closed form as a labelled cross-check); with --plot, draw the data over the model.")
-    p.add_argument("--profile", metavar="FILE",
+    p.add_argument("--profile", type=path_arg, metavar="FILE",
                    help="profile JSON written by `xstage fit` or `xstage probe` (default: the embedded H200 "
                         "host-link profile)")
     p.add_argument("--burst", metavar="SIZE",
@@ -382,12 +382,12 @@ def register(sub) -> None:
                         "(default 0 ns)")
     p.add_argument("--sms", metavar="N",
                    help=f"SMs issuing bursts at once, an integer in 1..{MAX_SMS}; needs --burst (default 1)")
-    p.add_argument("--plot", metavar="DIR",
+    p.add_argument("--plot", type=path_arg, metavar="DIR",
                    help="folder (created if missing) to write two PNG plots into, issue time vs burst size and "
                         "vs gap, named <path>-issue-vs-burst.png and <path>-issue-vs-gap.png after the profile's store "
                         "path (host, peer, hbm); an existing plot is replaced only if this command wrote it, or "
                         "with --force (default: no plots)")
-    p.add_argument("--data", metavar="CSV",
+    p.add_argument("--data", type=path_arg, metavar="CSV",
                    help="measurements (long, summary or reference CSV) to draw with --plot (default: the packaged "
                         "H200 reference data)")
     add_force_option(p)
@@ -404,8 +404,8 @@ def register(sub) -> None:
                     "about how long the rest take; finished bootstrap rounds are kept in "
                     "PROFILE.json.bootstrap.jsonl, and rerunning the same command after an interrupt runs only "
                     "the missing ones.")
-    f.add_argument("data", help="CSV in the long, summary or reference format")
-    f.add_argument("-o", "--output", required=True, metavar="PROFILE.json",
+    f.add_argument("data", type=path_arg, help="CSV in the long, summary or reference format")
+    f.add_argument("-o", "--output", required=True, type=path_arg, metavar="PROFILE.json",
                    help="profile JSON to write, in an existing folder; an existing file is replaced only if "
                         "this command wrote it (and nobody changed it since), or with --force, and never the data "
                         "file (required, no default)")

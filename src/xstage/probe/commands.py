@@ -27,7 +27,7 @@ from xstage.model import load_default_profile
 from xstage.probe.report import analyse, load_probe_dir
 from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
-from xstage.results.output import Outputs, add_force_option, emit
+from xstage.results.output import Outputs, add_force_option, emit, path_arg
 from xstage.results.progress import say
 from xstage.results.select import only_spec, select
 
@@ -125,7 +125,8 @@ def register(sub) -> None:
                    "(other GPUs over NVLink, under torchrun) (default %(default)s)")
     p.add_argument("--sweep", default="all", help="'all' or a comma list of: first, periodic, twoburst, "
                    "completion, knobs, peers (default %(default)s)")
-    p.add_argument("-o", "--out", help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable: a "
+    p.add_argument("-o", "--out", type=path_arg,
+                   help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable: a "
                    "rerun appends to raw/ and writes the rest again, replacing only files xstage probe wrote")
     p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2",
                    help="run only configurations whose field matches (sweep, n_sm, burst_bytes, ...); repeatable "

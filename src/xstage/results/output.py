@@ -27,6 +27,7 @@ become the strings `"inf"` / `"-inf"`, numpy scalars and paths become plain valu
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import hashlib
 import json
@@ -78,6 +79,15 @@ def write_text(path, text: str) -> Path:
     with atomic_open(path) as f:
         f.write(text)
     return path
+
+
+def path_arg(text: str) -> str:
+    """argparse `type=` of every option naming a file or folder: the path as given, refused when empty.
+    An empty word (an unset shell variable, `--profile "$PROFILE"`) would otherwise mean the current
+    folder, or be taken for the option's absence and its default."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty path; give a file or folder")
+    return text
 
 
 def add_force_option(p) -> None:

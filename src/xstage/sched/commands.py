@@ -30,7 +30,7 @@ from xstage.moe.schedule import CANDIDATES, check_schedule
 from xstage.moe.variant import Variant
 from xstage.results import emit, markdown_table
 from xstage.results.io import ResultWriter, write_csv_atomic
-from xstage.results.output import Outputs, add_force_option
+from xstage.results.output import Outputs, add_force_option, path_arg
 from xstage.results.plots import plot_lines
 from xstage.results.progress import Progress
 from xstage.results.select import only_spec
@@ -258,7 +258,8 @@ def run_calibrate(args) -> int:
 
 
 def _add_calibration(p) -> None:
-    p.add_argument("--calibration", metavar="CSV", help="ulysses.csv of `xstage bench ulysses --grid calibration` "
+    p.add_argument("--calibration", type=path_arg, metavar="CSV",
+                   help="ulysses.csv of `xstage bench ulysses --grid calibration` "
                    "to fit the exchange costs on (default: the embedded H200 host-path calibration)")
 
 
@@ -350,9 +351,11 @@ def run_validate(args) -> int:
 # ---- the parser ------------------------------------------------------------------------------------
 
 def _add_model_files(p, kernel: str) -> None:
-    p.add_argument("--profile", metavar="JSON", help="store-path profile JSON written by `xstage fit` or `xstage "
+    p.add_argument("--profile", type=path_arg, metavar="JSON",
+                   help="store-path profile JSON written by `xstage fit` or `xstage "
                    "probe` (default: the embedded H200 host-link profile)")
-    p.add_argument("--costs", metavar="JSON", help=f"task costs JSON of {kernel} (default: the embedded H200 "
+    p.add_argument("--costs", type=path_arg, metavar="JSON",
+                   help=f"task costs JSON of {kernel} (default: the embedded H200 "
                    "tile costs of that kernel)")
 
 
@@ -393,7 +396,8 @@ def register(sub) -> None:
                    f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
                    "or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
     _add_interference(m)
-    m.add_argument("--plot", metavar="PATH", help="write the best candidate's timeline here: a .png file, or an "
+    m.add_argument("--plot", type=path_arg, metavar="PATH",
+                   help="write the best candidate's timeline here: a .png file, or an "
                    f"existing folder (writes {PLOT_NAME} in it); an existing file is replaced only if this command "
                    "wrote it, or with --force (default: no plot)")
     add_force_option(m)
@@ -418,15 +422,17 @@ def register(sub) -> None:
 
     a = kinds.add_parser("attention-costs", help="attention tile costs from the attention-alone rows of a "
                          "`xstage bench ulysses` CSV (no GPU)")
-    a.add_argument("results", help="ulysses.csv written by `xstage bench ulysses` (required)")
-    a.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
+    a.add_argument("results", type=path_arg, help="ulysses.csv written by `xstage bench ulysses` (required)")
+    a.add_argument("-o", "--out", required=True, type=path_arg, metavar="DIR",
+                   help="output folder, created if missing; "
                    f"{ATTENTION_COSTS} is written in it, replacing only a file this command wrote (required)")
     add_force_option(a)
     _add_json(a)
     a.set_defaults(handler=run_attention_costs)
 
     c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
-    c.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
+    c.add_argument("-o", "--out", required=True, type=path_arg, metavar="DIR",
+                   help="output folder, created if missing; "
                    f"{MOE_COSTS} and {MOE_TILES} (resumed) are written in it, replacing only files this command "
                    "wrote (required)")
     add_force_option(c)
@@ -452,8 +458,9 @@ def register(sub) -> None:
 
     v = kinds.add_parser("validate", help="predicted vs measured kernel times from `xstage bench moe` or "
                          "`xstage bench ulysses` results")
-    v.add_argument("results", help="moe.csv or ulysses.csv written by `xstage bench` (required)")
-    v.add_argument("-o", "--out", required=True, metavar="DIR", help="output folder, created if missing; "
+    v.add_argument("results", type=path_arg, help="moe.csv or ulysses.csv written by `xstage bench` (required)")
+    v.add_argument("-o", "--out", required=True, type=path_arg, metavar="DIR",
+                   help="output folder, created if missing; "
                    "validation.csv and validation.png (MoE) or validation-ulysses.csv are written in it, replacing "
                    "only files this command wrote; never the RESULTS file (required)")
     add_force_option(v)
