@@ -87,15 +87,32 @@ def test_bad_inputs(device):
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("block_m", 24, "config.block_m=24: must be a power of two >= 16"),
-    ("block_n", 8, "config.block_n=8: must be a power of two >= 16"),
-    ("num_warps", 3, "config.num_warps=3: must be a power of two >= 1"),
-    ("num_stages", 0, "config.num_stages=0: must be >= 1"),
-    ("ctas_per_sm", -1, "config.ctas_per_sm=-1: must be >= 0"),
+    ("block_m", 24, "config.block_m=24: must be a power of two in 16..1024"),
+    ("block_n", 8, "config.block_n=8: must be a power of two in 16..1024"),
+    ("num_warps", 3, "config.num_warps=3: must be a power of two in 1..32"),
+    ("num_stages", 0, "config.num_stages=0: must be in 1..16"),
+    ("ctas_per_sm", -1, "config.ctas_per_sm=-1: must be in 0..32"),
     ("chunk_rows", 12, "config.chunk_rows=12: must be a power of two"),
+    # past what Triton compiles or a GPU runs: refused here, not in a compile that takes the machine's memory
+    ("block_m", 2**40, "config.block_m=1099511627776: must be a power of two in 16..1024"),
+    ("block_n", 2048, "config.block_n=2048: must be a power of two in 16..1024"),
+    ("num_warps", 64, "config.num_warps=64: must be a power of two in 1..32"),
+    ("num_stages", 10**6, "config.num_stages=1000000: must be in 1..16"),
+    ("ctas_per_sm", 2**63, "config.ctas_per_sm=9223372036854775808: must be in 0..32"),
+    ("chunk_rows", 2**20, "config.chunk_rows=1048576: must be a power of two in 0..1024"),
     ("block_m", 32.0, "config.block_m=32.0: must be an integer"),
     ("use_tma", "yes", "config.use_tma='yes': must be None, True or False"),
 ])
 def test_config_is_checked_when_made(field, value, match):
     with pytest.raises(InputError, match="^" + re.escape(match)):
         FlashConfig(**{field: value})
+
+
+def test_a_core_csv_config_past_the_bounds_names_its_line(tmp_path):
+    from xstage.bench.ulysses import read_core
+
+    from ..corrupt import CORE_CSV, committed, with_value, write
+
+    path = write(tmp_path / "core.csv", with_value(committed(CORE_CSV, 3), "block_m", "4096", row=2))
+    with pytest.raises(InputError, match=r"core.csv, line 3: config.block_m=4096: must be a power of two in 16..1024"):
+        read_core(path)

@@ -54,6 +54,12 @@ from xstage.errors import InputError
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
+# Launch parameters Triton can compile: tiles are `tl.arange` extents (powers of two) that a GPU's shared
+# memory holds at these sizes and not far beyond; warps per program as CUDA allows (1024 threads).
+MAX_FLASH_BLOCK = 1024
+MAX_FLASH_WARPS = 32
+MAX_FLASH_STAGES = 16
+MAX_FLASH_CTAS_PER_SM = 32  # resident programs per SM: an H100/H200 SM holds at most 32 blocks
 # The fields of one trace row (`trace_buffer`): start, key loop end, epilogue end (ns), ns inside
 # paced sends, chunks sent, SM id.
 TRACE_FIELDS = 6
@@ -84,16 +90,19 @@ class FlashConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InputError(f"config.{name}={value!r}: must be an integer")
-        for name, low in (("block_m", 16), ("block_n", 16), ("num_warps", 1)):
+        for name, low, high in (("block_m", 16, MAX_FLASH_BLOCK), ("block_n", 16, MAX_FLASH_BLOCK),
+                                ("num_warps", 1, MAX_FLASH_WARPS)):
             value = getattr(self, name)
-            if value < low or value & (value - 1):
-                raise InputError(f"config.{name}={value}: must be a power of two >= {low}")
-        if self.num_stages < 1:
-            raise InputError(f"config.num_stages={self.num_stages}: must be >= 1")
-        if self.ctas_per_sm < 0:
-            raise InputError(f"config.ctas_per_sm={self.ctas_per_sm}: must be >= 0 (0: one program per tile)")
-        if self.chunk_rows < 0 or self.chunk_rows & (self.chunk_rows - 1):
-            raise InputError(f"config.chunk_rows={self.chunk_rows}: must be a power of two (0: the default)")
+            if not low <= value <= high or value & (value - 1):
+                raise InputError(f"config.{name}={value}: must be a power of two in {low}..{high}")
+        if not 1 <= self.num_stages <= MAX_FLASH_STAGES:
+            raise InputError(f"config.num_stages={self.num_stages}: must be in 1..{MAX_FLASH_STAGES}")
+        if not 0 <= self.ctas_per_sm <= MAX_FLASH_CTAS_PER_SM:
+            raise InputError(f"config.ctas_per_sm={self.ctas_per_sm}: must be in 0..{MAX_FLASH_CTAS_PER_SM} "
+                             "(0: one program per tile)")
+        if not 0 <= self.chunk_rows <= MAX_FLASH_BLOCK or self.chunk_rows & (self.chunk_rows - 1):
+            raise InputError(f"config.chunk_rows={self.chunk_rows}: must be a power of two in 0..{MAX_FLASH_BLOCK} "
+                             "(0: the default)")
         if self.use_tma not in (None, True, False):
             raise InputError(f"config.use_tma={self.use_tma!r}: must be None, True or False")
 

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from xstage.attention.exchange import parse_exchange
+from xstage.attention.flash import FlashConfig
 from xstage.errors import InputError
 from xstage.results.io import cell_count, cell_number, cell_text, cell_time, read_table
 from xstage.results.output import write_text
@@ -53,6 +54,10 @@ def read_core(path) -> list[dict]:
                 cell_count(r, c, at, minimum=0 if c in ("ctas_per_sm", "tma") else 1)
             if int(r["tma"]) > 1:
                 raise InputError(f"{at}, column tma: {r['tma']}: must be 0 or 1")
+            try:
+                FlashConfig(*(int(r[c]) for c in TRITON_CONFIG[:5]))
+            except InputError as exc:
+                raise InputError(f"{at}: {exc}") from None
     return table.rows
 
 
