@@ -108,3 +108,28 @@ def test_policy_table_counts_the_targets_per_policy_beside_the_oracle():
     # a serial or core missing from a configuration leaves it out (no NaN ratio)
     partial = [r for r in rows if not (r["tokens"] == 4608 and r["variant"] == "serial:cudnn")]
     assert policy_table(partial)[0]["configurations"] == 1
+@pytest.mark.parametrize("extra, needle", [
+    (["--block-n", "-1"], "argument --block-n: -1: must be an integer in 16..1024"),
+    (["--block-m", "2048"], "argument --block-m: 2048: must be an integer in 0..1024"),
+    (["--block-n", "64"], "--block-n needs --block-m"),
+    (["--block-m", "24"], "--block-m 24: config.block_m=24: must be a power of two in 16..1024"),
+    (["--block-m", "64", "--tuned-from", "core.csv"], "--block-m and --tuned-from both choose"),
+    (["--core-shapes", "axb"], "--core-shapes needs --core"),
+    (["--calibration", "missing.csv"], "missing.csv: does not exist"),
+    (["--only", "P=3"], "--only P=3: selects none"),
+])
+@pytest.mark.parametrize("mode", [["--summarize-only"], []])
+def test_every_option_is_checked_before_any_work_measuring_or_not(tmp_path, capsys, monkeypatch, extra, needle, mode):
+    """Found by tests/test_fuzz_args.py: with --summarize-only these options were ignored (--block-n -1,
+    --calibration missing.csv ran), and a measuring run looked for the GPU before reading them."""
+    from xstage.cli import main
+
+    from ..corrupt import ULYSSES_CSV, committed, write
+
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "ulysses.csv", committed(ULYSSES_CSV, 4))
+    write(tmp_path / "core.csv", "")
+    out = tmp_path if mode else tmp_path / "new"  # a summary reads the folder's CSV; a measurement starts one
+    assert main(["bench", "ulysses", "-o", str(out), *mode, *extra]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "needs a CUDA GPU" not in err and len(err.strip().splitlines()) == 1, err

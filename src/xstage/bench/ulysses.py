@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from xstage.attention.exchange import parse_exchange, register_chooser, resolve_auto
-from xstage.attention.flash import FlashConfig, default_config, flash_attention
+from xstage.attention.flash import MAX_FLASH_BLOCK, FlashConfig, default_config, flash_attention
 from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
 from xstage.attention.overlap import run_overlap, run_serial_copies
 from xstage.attention.ulysses import (
@@ -46,6 +46,7 @@ from xstage.attention.ulysses import (
 )
 from xstage.bench.commands import add_grid_options
 from xstage.bench.ulysses_report import CORES, MAX_ERR, TRITON_CONFIG, read_core, read_report_rows, write_report
+from xstage.bounds import cli_int
 from xstage.comm import create_context
 from xstage.env import has_gpu
 from xstage.errors import InputError
@@ -393,56 +394,78 @@ def _turns(text: str) -> int:
 
 def _outputs(args) -> tuple[Outputs, Path]:
     """The files this run writes in `-o`, checked before any work; never one of its inputs."""
-    inputs = [("--calibration", args.calibration)] if not (args.core or args.summarize_only) else []
-    if args.tuned_from and not args.core and not args.summarize_only:
-        inputs += [("--tuned-from", t) for t in args.tuned_from]
+    inputs = [("--calibration", args.calibration)] + [("--tuned-from", t) for t in args.tuned_from or ()]
     outs = Outputs("xstage bench ulysses", force=args.force, inputs=inputs)
     appended = [] if args.summarize_only else [CORE_RESULTS if args.core else RESULTS]
     return outs, outs.folder(args.out, "-o", files=SUMMARY_FILES, append=appended)
 
 
+BLOCK_FLAGS = ("--block-n", "--num-warps", "--num-stages")  # each only with --block-m
+
+
+def _flash_config(args):
+    """The kernel's configuration from `--block-m` and the flags that go with it, or the fastest of
+    `--tuned-from`'s core.csv files; None: the kernel's own choice. Checked (`FlashConfig`) before any
+    work, measuring or not."""
+    given = [f for f in BLOCK_FLAGS if getattr(args, f[2:].replace("-", "_")) is not None]
+    if not args.block_m:
+        if given:
+            raise InputError(f"{given[0]} needs --block-m (it overrides the kernel's configuration with it)")
+        return tuned_configs(*args.tuned_from) if args.tuned_from else None
+    if args.tuned_from:
+        raise InputError("--block-m and --tuned-from both choose the kernel's configuration: give one of them")
+    try:
+        return FlashConfig(args.block_m, args.block_n or 128, args.num_warps or 8, args.num_stages or 3, 1, None)
+    except InputError as exc:
+        raise InputError(f"--block-m {args.block_m}{''.join(f' with {f}' for f in given)}: {exc}") from None
+
+
+def _core_shapes(text: str | None) -> list[tuple[int, int, int]]:
+    """`--core-shapes TOKENSxHEADSxDIM[,...]`, each a call the attention kernel runs; the defaults without it."""
+    if text is None:
+        return list(CORE_SHAPES)
+    try:
+        shapes = [tuple(int(x) for x in spec.split("x")) for spec in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(t) != 3 for t in shapes):
+        raise InputError(f"--core-shapes {text!r}: expected TOKENSxHEADSxDIM[,...]")
+    try:
+        checked = [check_call_shape(h, d, t, 1, ("heads", "dim", "tokens", "ranks")) for t, h, d in shapes]
+    except InputError as exc:
+        raise InputError(f"--core-shapes {text!r}: {exc}") from None
+    return [(t, h, d) for h, d, t, _ in checked]
+
+
 def _handler(args) -> int:
+    # Every option and input is checked first, whether this run measures or summarizes: a malformed one
+    # is refused before the GPU is even looked for.
     outs, out = _outputs(args)
     if args.turns > args.rep:
         raise InputError(f"--turns {args.turns}: at most --rep ({args.rep}) blocks of replays")
-
-    fc = None
-    if args.block_m:
-        fc = FlashConfig(args.block_m, args.block_n, args.num_warps, args.num_stages, 1, None)
-    elif args.tuned_from:
-        fc = tuned_configs(*args.tuned_from)
-    if args.core:
-        shapes = CORE_SHAPES
-        if args.core_shapes:
-            try:
-                shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.core_shapes.split(",")]
-            except ValueError:
-                shapes = []
-            if not shapes or any(len(t) != 3 for t in shapes):
-                raise InputError(f"--core-shapes {args.core_shapes!r}: expected TOKENSxHEADSxDIM[,...]")
-            try:
-                checked = [check_call_shape(h, d, t, 1, ("heads", "dim", "tokens", "ranks")) for t, h, d in shapes]
-                shapes = [(t, h, d) for h, d, t, _ in checked]
-            except InputError as exc:
-                raise InputError(f"--core-shapes {args.core_shapes!r}: {exc}") from None
-    measuring = not args.summarize_only
-    if measuring and not args.core:
+    fc = _flash_config(args)
+    if args.core_shapes is not None and not args.core:
+        raise InputError("--core-shapes needs --core (the shapes of the attention-core measurement)")
+    shapes = _core_shapes(args.core_shapes)
+    if not args.core:
         select(grid_configs(args.grid_set), args.only)  # an --only that selects nothing fails here
+    costs = None
+    if args.calibration is not None:  # the planner behind `auto`, fitted on this calibration grid
+        res = load_results(args.calibration, kind="ulysses")
+        costs = fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain, source=str(res.path),
+                                   lines=res.lines)
+    measuring = not args.summarize_only
     if not measuring and not any((out / f).is_file() for f in (RESULTS, CORE_RESULTS)):
         raise InputError(f"-o {out}: holds neither {RESULTS} nor {CORE_RESULTS}; run the grid first")
     if measuring and not has_gpu():
         raise InputError(f"{'--core ' if args.core else ''}needs a CUDA GPU (--summarize-only runs anywhere)")
-    res = load_results(args.calibration, kind="ulysses") if args.calibration and measuring and not args.core else None
     # A malformed results file is refused before the outputs are touched (not even the manifest).
     read = None if measuring else read_report_rows(out)
     with outs:
         if args.core and measuring:
             run_core(out, shapes=shapes, warmup=args.warmup, rep=args.rep)
         elif measuring:
-            if res is not None:
-                # `auto` rows follow the planner fitted on this calibration grid instead of the embedded one
-                costs = fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
-                                           source=str(res.path), lines=res.lines)
+            if costs is not None:  # `auto` rows follow it instead of the embedded calibration
                 register_chooser(chooser(costs))
             run_grid(out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                      max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
@@ -477,11 +500,15 @@ def register_bench(grids) -> None:
                    "(default %(default)s)")
     p.add_argument("--tuned-from", action="append", default=None, type=path_arg,
                    help="core.csv (repeatable): use the fastest configuration per head dim (default: the kernel's)")
-    p.add_argument("--block-m", type=int, default=0, help="override the kernel's BLOCK_M, rows per query tile, "
-                   "with the next three (default 0: the kernel's own choice)")
-    p.add_argument("--block-n", type=int, default=128, help="with --block-m: keys per step (default %(default)s)")
-    p.add_argument("--num-warps", type=int, default=8, help="with --block-m: warps per program (default %(default)s)")
-    p.add_argument("--num-stages", type=int, default=3, help="with --block-m: pipeline stages (default %(default)s)")
+    p.add_argument("--block-m", type=cli_int(0, MAX_FLASH_BLOCK, "BLOCK_M, rows per query tile; 0: the kernel's"),
+                   default=None, help=f"override the kernel's BLOCK_M, rows per query tile, a power of two in "
+                   f"16..{MAX_FLASH_BLOCK}, with the next three (default: the kernel's own choice)")
+    p.add_argument("--block-n", type=cli_int(16, MAX_FLASH_BLOCK, "BLOCK_N, keys per step"), default=None,
+                   help=f"with --block-m: keys per step, a power of two in 16..{MAX_FLASH_BLOCK} (default 128)")
+    p.add_argument("--num-warps", type=cli_int(1, 32, "warps per program"), default=None,
+                   help="with --block-m: warps per program, a power of two in 1..32 (default 8)")
+    p.add_argument("--num-stages", type=cli_int(1, 16, "pipeline stages"), default=None,
+                   help="with --block-m: pipeline stages, 1..16 (default 3)")
     add_force_option(p)
     # Long sequences take up to 160 ms a run: this grid keeps fewer runs per configuration than the others.
     p.set_defaults(handler=_handler, warmup=2, rep=10)
