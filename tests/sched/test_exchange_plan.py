@@ -199,3 +199,14 @@ def test_lengths_not_divisible_by_16_take_their_own_stores_fit():
     assert got.stores[(False, 64, True)] == pytest.approx((0.05, 2e3), abs=1e-9)
     assert got.stores[(False, 64, False)] == pytest.approx((0.20, 0.0), abs=1e-9)
     assert (False, 64, False) not in fit_exchange_costs(_rows(TRUE), drain=TRUE.drain).stores
+
+
+def test_an_exchange_whose_copy_was_not_calibrated_is_named():
+    """Found by tests/test_fuzz_files.py: a calibration cut before its serial:cudnn rows fitted no cuDNN
+    copy, and predicting serial:cudnn or overlap:cudnn ended in a KeyError."""
+    costs = fit_exchange_costs([r for r in _rows(TRUE) if r["variant"] != "serial:cudnn"], drain=TRUE.drain,
+                               source="cal")
+    assert "cudnn" not in costs.copy and predict("serial:triton", 8, 64, 4096, 2, costs).time_ns > 0
+    for ex in ("serial:cudnn", "overlap:cudnn:3"):
+        with pytest.raises(InputError, match=r"^exchange costs \(cal\): no copy costs for core 'cudnn' .*; have triton$"):
+            predict(ex, 8, 64, 4096, 2, costs)

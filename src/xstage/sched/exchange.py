@@ -135,15 +135,22 @@ class ExchangeCosts:
         near = min(dims, key=lambda d: abs(math.log2(d / dim)))
         return self.attention[(core, near)]
 
+    def _copy(self, core: str) -> tuple[float, float]:
+        if core not in self.copy:  # a calibration without `serial` rows of this core fits none
+            raise InputError(f"exchange costs ({self.source or 'given'}): no copy costs for core {core!r} (its "
+                             f"calibration has no serial:{core} rows beside attention:{core}); have "
+                             f"{', '.join(sorted(self.copy)) or 'none'}")
+        return self.copy[core]
+
     def copy_ns(self, core: str, nbytes: float) -> float:
-        x0, rate = self.copy[core]
+        x0, rate = self._copy(core)
         return x0 + nbytes / rate if nbytes > 0 else 0.0
 
     def overlap_terms(self, core: str) -> tuple[float, float, float, float]:
         """(y0, rate, z, k) of `overlap` with `core`; without a fit, the serial copy's costs, z = k = 0."""
         if core in self.overlap:
             return self.overlap[core]
-        return (*self.copy[core], 0.0, 0.0)
+        return (*self._copy(core), 0.0, 0.0)
 
 
 def check_head_dim(value, arg: str = "dim") -> int:
