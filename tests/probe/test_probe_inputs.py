@@ -101,6 +101,16 @@ def test_summary_values_are_checked(tmp_path, column, value, needle):
     assert needle in _refused(out, f"probe summary {out / 'summary.csv'}")
 
 
+@pytest.mark.parametrize("value", [" ", "None", " NaN "])
+def test_a_spread_cell_not_recorded_reads_as_nan_however_spelled(tmp_path, value):
+    """Found by tests/test_fuzz_files.py: the check took ' ' and 'None' for "not recorded" and the reader
+    then failed on them with a ValueError."""
+    text = committed(PROBE_SUMMARY_CSV, SUMMARY_ROWS)
+    rows = read_summary(write(tmp_path / "s.csv", with_value(text, "issue_p90_ns", value, row=4)))
+    assert rows[3]["issue_p90_ns"] != rows[3]["issue_p90_ns"]  # NaN
+    assert rows[2]["issue_p90_ns"] > 0
+
+
 def test_summary_files_it_cannot_read_are_named(tmp_path):
     text = committed(PROBE_SUMMARY_CSV, SUMMARY_ROWS)
     _refused(_summary_folder(tmp_path, duplicate_column(text, "issue_median_ns"), "dup"), "appears twice")

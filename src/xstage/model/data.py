@@ -82,6 +82,15 @@ SCHEMA = {
     "git_commit": "xstage commit", "date": "ISO date of the run",
 }
 
+# Cell texts that mean "not recorded" (NaN where the schema allows it), whatever their case and spaces.
+NOT_RECORDED = ("", "nan", "none")
+
+
+def as_float(raw) -> float:
+    """A checked cell (`_num`) as a float: NaN for the texts of `NOT_RECORDED`."""
+    return math.nan if raw is None or str(raw).strip().lower() in NOT_RECORDED else float(raw)
+
+
 _INT_COLS = {"n_sm": 1, "ctas_per_sm": 1, "warps": 1, "vector_bytes": 1, "burst_bytes": 1, "gap_iters": 0,
              "cta": 0, "burst_index": 0}
 
@@ -165,7 +174,7 @@ def _num(row: dict, col: str, where: str, allow_nan: bool = False) -> float:
     raw = row.get(col)
     if raw is None:
         raise InputError(f"{where}: missing column {col!r}")
-    if isinstance(raw, str) and raw.strip().lower() in ("", "nan", "none"):
+    if isinstance(raw, str) and raw.strip().lower() in NOT_RECORDED:
         if allow_nan:
             return math.nan
         if raw.strip():

@@ -32,6 +32,7 @@ from xstage.model.data import (
     LONG_COLUMNS,
     PEER_MODES,
     SUMMARY_COLUMNS,
+    as_float,
     observations_from_rows,
     summarise,
 )
@@ -97,7 +98,7 @@ def _typed(r: dict) -> dict:
             out[c] = int(float(out[c]))
     for c in _FLOAT_FIELDS:
         if c in out:
-            out[c] = math.nan if out[c] in ("", None) else float(out[c])
+            out[c] = as_float(out[c])
     return out
 
 
