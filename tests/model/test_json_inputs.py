@@ -2,6 +2,7 @@
 one line naming the file for what cannot be read, no NaN or negative time passed on as a number."""
 
 import json
+import re
 import os
 import threading
 
@@ -70,15 +71,28 @@ def test_nan_and_infinity_literals_are_refused_in_a_profile(tmp_path, literal):
 @pytest.mark.parametrize("field, value, needle", [
     ("median_ns", -5.0, "table[0].median_ns must be finite and > 0"),
     ("median_ns", 0.0, "table[0].median_ns must be finite and > 0"),
-    ("rows_per_expert", "abc", "could not convert string to float"),
+    ("rows_per_expert", "abc", "table[0].rows_per_expert must be a number, got 'abc'"),
     ("fetch_ns", 1e400, "fetch_ns must be a finite time >= 0 ns"),
-    ("fetch_ns", -1.0, "fetch_ns must be a finite time >= 0 ns"),
+    ("fetch_ns", -1.0, "fetch_ns must be finite and >= 0, got -1.0"),
+    # found by tests/test_fuzz_files.py: booleans and text read as numbers (true as a rate of 1)
+    ("rows_per_expert", "64", "table[0].rows_per_expert must be a number, got '64'"),
+    ("median_ns", True, "table[0].median_ns must be a number, got True"),
+    ("rate", True, "kinds.dispatch@128x128x128x64.rate must be a number, got True"),
+    ("overhead_ns", "0", "kinds.dispatch@128x128x128x64.overhead_ns must be a number, got '0'"),
+    ("kind key", "dispatch@abc", "kinds: 'dispatch@abc' is not KIND or KIND@BMxBN"),
+    ("kernel", 5, "kernel must be a name such as 'moe', got 5"),
+    ("elem_bytes", 3, "table[0].elem_bytes must be 1, 2 or 4"),
 ])
 def test_task_cost_times_are_checked(tmp_path, field, value, needle):
     d = json.loads(COSTS_JSON.read_text())
     assert d["table"] and TaskCosts.from_dict(d).table == load_default_costs("moe").table
-    if field == "fetch_ns":
-        d["fetch_ns"] = value
+    first = next(iter(d["kinds"]))
+    if field in ("fetch_ns", "kernel"):
+        d[field] = value
+    elif field in ("rate", "overhead_ns"):
+        d["kinds"][first][field] = value
+    elif field == "kind key":
+        d["kinds"][value] = d["kinds"].pop(first)
     else:
         d["table"][0][field] = value
     path = write(tmp_path / "c.json", json.dumps(d))  # 1e400 is written as Infinity: refused earlier
@@ -86,3 +100,21 @@ def test_task_cost_times_are_checked(tmp_path, field, value, needle):
         TaskCosts.load(path)
     assert str(exc.value).startswith(f"task costs file {path}")
     assert needle in str(exc.value) or (value == 1e400 and "Infinity is not a JSON number" in str(exc.value))
+
+
+@pytest.mark.parametrize("where, value, needle", [
+    (("tile_model", "overhead_ns"), True, "overhead_ns=True: must be a finite number >= 0"),
+    (("tile_model", "mma_flops_per_ns"), "5577", "mma_flops_per_ns='5577': must be a finite number > 0"),
+    (("order_effect", "reference_busy"), True, "reference_busy=True in (0, 1]"),
+])
+def test_tile_model_and_order_effect_take_numbers_only(tmp_path, where, value, needle):
+    """Booleans and text are no numbers in the tile model or the order effect either."""
+    d = json.loads(COSTS_JSON.read_text())
+    d[where[0]][where[1]] = value
+    with pytest.raises(InputError, match=re.escape(needle)):
+        TaskCosts.load(write(tmp_path / "c.json", json.dumps(d)))
+    d = json.loads(COSTS_JSON.read_text())
+    pts = d["order_effect"]["ratios"]["interleaved"]["H4096-I2048-E256-K6"]["dispatch"]
+    pts[0][1] = "1.07"
+    with pytest.raises(InputError, match="ratios must be numbers"):
+        TaskCosts.load(write(tmp_path / "o.json", json.dumps(d)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -30,11 +31,19 @@ from xstage.sched.ordercost import OrderEffect
 from xstage.sched.tilecost import TileModel, fit_tile_model
 
 
-def _positive(v, field: str) -> float:
+def _number(v, field: str, positive: bool = True) -> float:
+    """`v` if it is a JSON number (not a boolean or a string), finite and > 0 (>= 0 unless `positive`)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{field} must be a number, got {v!r}")
     x = float(v)
-    if not (x > 0 and math.isfinite(x)):
-        raise ValueError(f"{field} must be finite and > 0, got {v!r}")
+    if not (math.isfinite(x) and (x > 0 if positive else x >= 0)):
+        raise ValueError(f"{field} must be finite and {'> 0' if positive else '>= 0'}, got {v!r}")
     return x
+
+
+# A kind of task, alone or at one tile config: `dispatch`, `linear1@128x128x256x64`, `attention@128x128x64`
+# (`cost` reads the BLOCK_M of the config).
+_KIND_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(@[1-9][0-9]*(x[1-9][0-9]*)+)?")
 
 
 @dataclass(frozen=True)
@@ -171,17 +180,22 @@ class TaskCosts:
     @classmethod
     def from_dict(cls, d: dict, source: str = "task costs") -> TaskCosts:
         try:
-            kinds = {k: KindCost(float(v["overhead_ns"]), float(v["rate"])) for k, v in d["kinds"].items()}
+            if not isinstance(d["kernel"], str):
+                raise ValueError(f"kernel must be a name such as 'moe', got {d['kernel']!r}")
+            bad = [k for k in d["kinds"] if not (isinstance(k, str) and _KIND_KEY.fullmatch(k))]
+            if bad:
+                raise ValueError(f"kinds: {bad[0]!r} is not KIND or KIND@BMxBN... (e.g. linear1@128x128x256x64)")
+            kinds = {k: KindCost(_number(v["overhead_ns"], f"kinds.{k}.overhead_ns", positive=False),
+                                 _number(v["rate"], f"kinds.{k}.rate")) for k, v in d["kinds"].items()}
             table = [{"shape": str(r["shape"]), "block": str(r["block"]), "kind": str(r["kind"]),
-                      "rows_per_expert": _positive(r["rows_per_expert"], f"table[{i}].rows_per_expert"),
-                      "median_ns": _positive(r["median_ns"], f"table[{i}].median_ns"),
-                      **({"elem_bytes": int(r["elem_bytes"])} if "elem_bytes" in r else {})}
+                      "rows_per_expert": _number(r["rows_per_expert"], f"table[{i}].rows_per_expert"),
+                      "median_ns": _number(r["median_ns"], f"table[{i}].median_ns"),
+                      **({"elem_bytes": _elem_bytes(r["elem_bytes"], i)} if "elem_bytes" in r else {})}
                      for i, r in enumerate(d.get("table", []))]
-            if not (float(d.get("fetch_ns", 0.0)) >= 0 and math.isfinite(float(d.get("fetch_ns", 0.0)))):
-                raise ValueError(f"fetch_ns must be a finite time >= 0 ns, got {d['fetch_ns']!r}")
+            fetch_ns = _number(d.get("fetch_ns", 0.0), "fetch_ns", positive=False)
             model, order = d.get("tile_model"), d.get("order_effect")
-            return cls(str(d["kernel"]), kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table,
-                       fetch_ns=float(d.get("fetch_ns", 0.0)),
+            return cls(d["kernel"], kinds, dict(d.get("provenance", {})), dict(d.get("quality", {})), table,
+                       fetch_ns=fetch_ns,
                        tile_model=None if model is None else TileModel.from_dict(model, f"{source}: tile_model"),
                        order=None if order is None else OrderEffect.from_dict(order, f"{source}: order_effect"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -200,6 +214,12 @@ class TaskCosts:
         if not isinstance(d, dict):
             raise InputError(f"task costs file {path}: expected a JSON object with 'kernel' and 'kinds'")
         return cls.from_dict(d, f"task costs file {path}")
+
+
+def _elem_bytes(v, i: int) -> int:
+    if isinstance(v, bool) or v not in (1, 2, 4):
+        raise ValueError(f"table[{i}].elem_bytes must be 1, 2 or 4 (bytes per operand element), got {v!r}")
+    return int(v)
 
 
 def _gaps_of_shapes(provenance: dict, shapes: list[str]) -> list[float]:

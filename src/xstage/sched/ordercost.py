@@ -118,6 +118,8 @@ class OrderEffect:
                     for kind, pts in kinds.items():
                         if kind not in KIND_NAMES:
                             raise InputError(f"kind {kind!r}: expected one of {', '.join(KIND_NAMES)}")
+                        if any(isinstance(v, (bool, str)) for p in pts for v in p):
+                            raise TypeError(f"{schedule} {shape} {kind}: ratios must be numbers, got {pts!r}")
                         pts = sorted(tuple(float(v) for v in p) for p in pts)
                         if not pts or any(len(p) not in (2, 4) or not all(v > 0 and math.isfinite(v) for v in p)
                                           or any(b > 1 for b in p[2:]) for p in pts):
@@ -198,8 +200,8 @@ class OrderEffect:
             raise InputError(f"{source}: expected an object with 'ratios' "
                              "{schedule: {shape: {kind: [[rows per expert, ratio], ...]}}}")
         try:
-            return cls(d["ratios"], dict(d.get("provenance", {})), float(d.get("idle_speedup", 0.0)),
-                       float(d.get("reference_busy", 1.0)))
+            return cls(d["ratios"], dict(d.get("provenance", {})), d.get("idle_speedup", 0.0),
+                       d.get("reference_busy", 1.0))
         except InputError as exc:
             raise InputError(f"{source}: {exc}") from None
 

@@ -152,7 +152,7 @@ class TileModel:
             _positive(name, getattr(self, name))
         for name in ("overhead_ns", "loaded_latency_ns"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise InputError(f"{name}={v!r}: must be a finite number >= 0")
         _positive("mma_elem_bytes", self.mma_elem_bytes, integer=True)
 
@@ -187,7 +187,7 @@ class TileModel:
     @classmethod
     def from_dict(cls, d: dict, source: str = "tile model") -> TileModel:
         try:
-            return cls(*(float(d[k]) for k in cls.CONSTANTS), mma_elem_bytes=int(d.get("mma_elem_bytes", 2)),
+            return cls(*(d[k] for k in cls.CONSTANTS), mma_elem_bytes=d.get("mma_elem_bytes", 2),
                        fitted_on=tuple(str(s) for s in d.get("fitted_on", ())), quality=dict(d.get("quality", {})))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"{source}: malformed tile model ({type(exc).__name__}: {exc})") from None
