@@ -156,6 +156,8 @@ def _cases(d):
                                       "--profile"], ["model", "--burst", "64KiB", "--plot"], ["demo", "-o"],
                                      ["bench", "moe", "--summarize-only", "-o"], ["fit"])],
         ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--costs", ""],
+        # an empty list is refused, not taken for the option's absence
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--exchange", ""],
         *unreadable_input_cases(d),
     ]
     if not has_gpu():  # where measuring would start, the missing GPU is the user error
@@ -189,3 +191,18 @@ def test_every_malformed_input_gets_one_line_and_status_2(files, capsys):
             failures.append(f"{args}: the command's name is not said exactly once: {lines[0]!r}")
     assert not failures, "\n".join(failures)
     assert _files(files) == before  # nothing written, nothing replaced
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["probe", "-o", "{d}/afile"], "-o {d}/afile: exists and is not a folder"),
+    (["probe", "-o", "{d}/new", "--only", "P=3"], "--only: unknown field(s) ['P']"),
+    (["probe", "-o", "{d}/new", "--only", "n_sm=7"], "--only n_sm=7: selects none"),
+    (["plan", "calibrate", "-o", "{d}/c", "--model-shapes", ""], "--model-shapes '': give shapes among --shapes"),
+])
+def test_arguments_are_refused_before_the_gpu_is_looked_for(tmp_path, capsys, argv, needle):
+    """Found by tests/test_fuzz_args.py: a measuring run looked for the GPU first, so on a machine without
+    one the malformed argument went unnamed (and an empty --model-shapes was taken for none given)."""
+    (tmp_path / "afile").write_text("x")
+    assert main([a.format(d=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert needle.format(d=tmp_path) in err and "needs a CUDA GPU" not in err, err

@@ -76,10 +76,12 @@ def run_probe(args) -> int:
     if not args.out:
         raise InputError("-o/--out: required to measure or analyse")
     measuring = not args.analyse_only
-    if measuring and not has_gpu():
-        raise InputError("measuring needs a CUDA GPU (in the CPU interpreter every timer reads 0); --plan and "
-                         "--analyse-only run anywhere")
     outs, out = _outputs(args, sweeps, measuring)
+    if measuring:  # the slice is checked before the GPU is looked for, like every other argument
+        select([{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))], args.only)
+        if not has_gpu():
+            raise InputError("measuring needs a CUDA GPU (in the CPU interpreter every timer reads 0); --plan and "
+                             "--analyse-only run anywhere")
     rank, group = 0, None
     if measuring and args.path == "peer":
         group = _init_peer_group()

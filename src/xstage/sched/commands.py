@@ -227,13 +227,14 @@ def run_calibrate(args) -> int:
                 raise InputError(f"--block {spec} (shape {s}): {exc}") from None
     blocks = args.block or [None]
     model_shapes = None
-    if args.model_shapes:
+    if args.model_shapes is not None:
         model_shapes = [str(MoeShape.parse(s.strip(), "--model-shapes")) for s in args.model_shapes.split(",")
                         if s.strip()]
         untraced = sorted(set(model_shapes) - {str(s) for s in parsed})
         if not model_shapes or untraced:
             raise InputError(f"--model-shapes {args.model_shapes!r}: give shapes among --shapes "
-                             f"({','.join(str(s) for s in parsed)}); not traced: {','.join(untraced)}")
+                             f"({','.join(str(s) for s in parsed)})"
+                             + (f"; not traced: {','.join(untraced)}" if untraced else ""))
     schedules = _checked_list(args.schedules, ["expert_wave"], check_schedule, "expert_wave,interleaved", "--schedules")
     if "expert_wave" not in schedules:
         raise InputError(f"--schedules {args.schedules!r}: include expert_wave, the order the tile costs are traced in")
@@ -316,7 +317,7 @@ def run_validate(args) -> int:
         Variant("expert_wave", args.default_pacing)  # a malformed pacing fails here, before any simulation
     except InputError as exc:
         raise InputError(f"--default-pacing {args.default_pacing}: {exc}") from None
-    exchanges = exchange_list(args.exchange, default=(), flag="--exchange") if args.exchange else None
+    exchanges = exchange_list(args.exchange, default=(), flag="--exchange") if args.exchange is not None else None
     res = load_results(args.results, only=args.only)
     # The kind of results (read from the file's header) says which files are written.
     out = outs.folder(args.out, "-o", files=VALIDATION[res.kind])
