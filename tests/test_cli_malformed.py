@@ -156,6 +156,10 @@ def _cases(d):
                                       "--profile"], ["model", "--burst", "64KiB", "--plot"], ["demo", "-o"],
                                      ["bench", "moe", "--summarize-only", "-o"], ["fit"])],
         ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--costs", ""],
+        # an input of the other kind of results would be ignored: refused
+        ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--calibration", str(d / "uly.csv")],
+        ["plan", "validate", str(d / "uly.csv"), "-o", str(d / "v"), "--costs",
+         "src/xstage/data/h200-moe-task-costs.json"],
         # an empty list is refused, not taken for the option's absence
         ["plan", "validate", str(d / "validation.csv"), "-o", str(d / "v"), "--exchange", ""],
         *unreadable_input_cases(d),

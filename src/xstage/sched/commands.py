@@ -319,6 +319,12 @@ def run_validate(args) -> int:
         raise InputError(f"--default-pacing {args.default_pacing}: {exc}") from None
     exchanges = exchange_list(args.exchange, default=(), flag="--exchange") if args.exchange is not None else None
     res = load_results(args.results, only=args.only)
+    # Options of the other kind of results would be ignored: refused, like any input that is not used.
+    other = {"moe": ("--calibration", "--exchange"), "ulysses": ("--costs",)}[res.kind]
+    for flag in other:
+        if getattr(args, flag[2:]) is not None:
+            raise InputError(f"{flag}: applies to {'Ulysses' if res.kind == 'moe' else 'MoE'} results; "
+                             f"{args.results} holds {'MoE' if res.kind == 'moe' else 'Ulysses'} results")
     # The kind of results (read from the file's header) says which files are written.
     out = outs.folder(args.out, "-o", files=VALIDATION[res.kind])
     params = _load_profile(args.profile).params
