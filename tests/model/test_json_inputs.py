@@ -2,8 +2,8 @@
 one line naming the file for what cannot be read, no NaN or negative time passed on as a number."""
 
 import json
-import re
 import os
+import re
 import threading
 
 import pytest

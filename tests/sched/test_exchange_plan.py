@@ -208,5 +208,6 @@ def test_an_exchange_whose_copy_was_not_calibrated_is_named():
                                source="cal")
     assert "cudnn" not in costs.copy and predict("serial:triton", 8, 64, 4096, 2, costs).time_ns > 0
     for ex in ("serial:cudnn", "overlap:cudnn:3"):
-        with pytest.raises(InputError, match=r"^exchange costs \(cal\): no copy costs for core 'cudnn' .*; have triton$"):
+        with pytest.raises(InputError, match=r"^exchange costs \(cal\): no copy costs for core 'cudnn' .*; have "
+                                             r"triton$"):
             predict(ex, 8, 64, 4096, 2, costs)
