@@ -43,6 +43,9 @@ def test_block_config_accepts_the_configs_in_use():
     assert parse_block("64:128:256:64:4:3", 4096).block_m == 64
     with pytest.raises(InputError, match="block_m=100"):
         parse_block("100:128:256:64:4:3", 4096)
+    # found by tests/test_fuzz_args.py: an empty spec read as the defaults (`--block ""`, `--block bf16=`)
+    with pytest.raises(InputError, match=r"^block '': expected BM:BN1:BN2:BK:WARPS:STAGES\[:FLAGS\]$"):
+        parse_block("", 4096)
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -95,7 +95,7 @@ def parse_block(spec: str | None, hidden: int, fp8: bool = False) -> BlockConfig
     FLAGS (optional) picks the kernel variant: letters `t` (TMA loads) and `d` (dynamic task fetch), or
     `-` for neither, then optionally a digit: CTAs per SM (`d2`: dynamic, two CTAs per SM; the first
     launch refuses a grid whose CTAs do not fit); without FLAGS the BlockConfig defaults apply."""
-    parts = (spec or (DEFAULT_BLOCK_FP8 if fp8 else DEFAULT_BLOCK)).split(":")
+    parts = (spec if spec is not None else (DEFAULT_BLOCK_FP8 if fp8 else DEFAULT_BLOCK)).split(":")
     flags = parts.pop() if len(parts) == 7 else None
     try:
         if len(parts) != 6:

@@ -213,7 +213,8 @@ def run_plan_moe(args) -> int:
 def run_calibrate(args) -> int:
     outs = Outputs("xstage plan calibrate", force=args.force)
     out = outs.folder(args.out, "-o", files=[MOE_COSTS], append=[MOE_TILES])
-    shapes = [t.strip() for t in args.shapes.split(",") if t.strip()] if args.shapes else list(CALIBRATION_SHAPES)
+    shapes = ([t.strip() for t in args.shapes.split(",") if t.strip()] if args.shapes is not None
+              else list(CALIBRATION_SHAPES))
     if not shapes:
         raise InputError(f"--shapes {args.shapes!r}: give at least one shape, e.g. H4096-I2048-E256-K6")
     parsed = [MoeShape.parse(s, "--shapes") for s in shapes]
