@@ -204,7 +204,9 @@ def test_every_malformed_input_gets_one_line_and_status_2(files, capsys):
     (["plan", "calibrate", "-o", "{d}/c", "--model-shapes", ""], "--model-shapes '': give shapes among --shapes"),
     (["plan", "calibrate", "-o", "{d}/c", "--shapes", ""], "--shapes '': give at least one shape"),
     (["plan", "calibrate", "-o", "{d}/c", "--block", ""], "--block  (shape H4096-I2048-E256-K6): block ''"),
-    (["bench", "moe", "-o", "{d}/b", "--block", "bf16="], "block '': expected BM:BN1:BN2:BK:WARPS:STAGES"),
+    (["bench", "moe", "-o", "{d}/b", "--block", "bf16="], "--block 'bf16=': block '': expected BM:BN1:BN2:BK"),
+    (["bench", "moe", "-o", "{d}/b", "--block", "128:128:256:64:0:4"],
+     "--block '128:128:256:64:0:4': BlockConfig num_warps=0: warps per CTA must be a power of two"),
 ])
 def test_arguments_are_refused_before_the_gpu_is_looked_for(tmp_path, capsys, argv, needle):
     """Found by tests/test_fuzz_args.py: a measuring run looked for the GPU first, so on a machine without

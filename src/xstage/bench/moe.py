@@ -211,7 +211,10 @@ def block_per_dtype(block: str | None, dtypes) -> dict[str, str | None]:
                                  f"{', '.join(dtypes)} (the measured dtypes)")
             out[d] = spec.strip()
     for d, spec in out.items():
-        parse_block(spec, 4096, fp8=d == "fp8")
+        try:
+            parse_block(spec, 4096, fp8=d == "fp8")
+        except InputError as exc:
+            raise InputError(f"--block {block!r}: {exc}") from None
     return out
 
 
