@@ -60,6 +60,10 @@ def test_block_config_accepts_the_configs_in_use():
     (dict(unit_rows=[4, -1, 2]), r"unit_rows\[1\]=-1"),
     (dict(unit_rows=[4, 2]), "unit_rows: 2 entries for 3 units"),
     (dict(dispatch_lead=-1), "dispatch_lead=-1"),
+    # found by tests/test_fuzz_api.py: n2=2**40 built a task list until the machine's memory ran out
+    (dict(n2=2**40), r"^n2=1099511627776: must be an integer in 1\.\.8192$"),
+    (dict(num_ctas=2**31), r"^num_ctas=2147483648: must be an integer in 1\.\.131072$"),
+    (dict(unit_expert=[0] * 300_000, n1=8192, n2=8192), r"^unit_expert: 300000 units x 16385 tasks each are more "),
 ])
 def test_make_schedule_refuses_non_integer_or_negative_inputs(kw, match):
     args = dict(name="lag:1", unit_expert=[0, 0, 1], num_ctas=2, n1=2, n2=1)

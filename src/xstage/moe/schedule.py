@@ -37,11 +37,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xstage.bounds import INT32_MAX, MAX_SMS
 from xstage.errors import InputError
 
 DISPATCH, LINEAR1, LINEAR2 = 0, 1, 2
 KIND_NAMES = ("dispatch", "linear1", "linear2")
 TASK_COLS = 8
+# Sizes a schedule can hold: CTAs of one launch (SMs x resident CTAs per SM), N tiles of one unit
+# (2 x 65536 intermediate columns in 16-column tiles), and tasks in its int32 table.
+MAX_CTAS = MAX_SMS * 32
+MAX_TILES_PER_UNIT = 1 << 13
+MAX_TASKS = INT32_MAX
 
 
 class PoolTooSmallError(InputError):
@@ -264,8 +270,12 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     counts, and an order that needs more units in flight than the pool holds.
     """
     base, arg = _parse(name)
-    num_ctas, n1, n2 = (_integer(label, v, 1) for label, v in (("num_ctas", num_ctas), ("n1", n1), ("n2", n2)))
+    num_ctas = _integer("num_ctas", num_ctas, 1, MAX_CTAS)
+    n1, n2 = (_integer(label, v, 1, MAX_TILES_PER_UNIT) for label, v in (("n1", n1), ("n2", n2)))
     unit_expert = _integers("unit_expert", unit_expert, 0)
+    if len(unit_expert) * (1 + n1 + n2) > MAX_TASKS:
+        raise InputError(f"unit_expert: {len(unit_expert)} units x {1 + n1 + n2} tasks each are more than the "
+                         f"{MAX_TASKS} tasks an int32 task table holds")
     if unit_rows is not None:
         unit_rows = _integers("unit_rows", unit_rows, 0)
         if len(unit_rows) != len(unit_expert):
@@ -305,16 +315,17 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     return Schedule(name, int(num_ctas), int(n1), int(n2), n_units, tasks, start, dest)
 
 
-def _integer(label: str, v, minimum: int) -> int:
-    """`v` as an int if it is an integer (Python, numpy or a 0-d integer tensor) >= `minimum`."""
+def _integer(label: str, v, minimum: int, maximum: int | None = None) -> int:
+    """`v` as an int if it is an integer (Python, numpy or a 0-d integer tensor) in `minimum..maximum`."""
+    need = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
     try:
         if isinstance(v, (bool, np.bool_)):
             raise TypeError
         i = operator.index(v)
     except TypeError:
-        raise InputError(f"{label}={v!r}: must be an integer >= {minimum}") from None
-    if i < minimum:
-        raise InputError(f"{label}={v!r}: must be an integer >= {minimum}")
+        raise InputError(f"{label}={v!r}: must be {need}") from None
+    if i < minimum or (maximum is not None and i > maximum):
+        raise InputError(f"{label}={v!r}: must be {need}")
     return i
 
 
