@@ -205,6 +205,17 @@ def test_folders_devices_sockets_and_missing_files_say_what_they_are(tmp_path):
     assert read_table(link, MOE).rows == _reference_rows(MOE_CSV)  # a link to a file is that file
 
 
+@pytest.mark.parametrize("path, needle", [(None, "None: not a path"), (7, "7: not a path"),
+                                         (b"moe.csv", "b'moe.csv': not a path"),
+                                         ("a\x00b.csv", "'a\\x00b.csv': not a path (it holds a NUL character)")])
+def test_what_is_not_a_path_is_refused_by_name(path, needle):
+    """Found by tests/test_fuzz_api.py: None raised a TypeError and a NUL character a ValueError."""
+    for read in (read_rows, read_json):
+        with pytest.raises(InputError) as exc:
+            read(path)
+        assert needle in _one_line(exc)
+
+
 def test_resuming_a_compressed_results_file_is_one_line(tmp_path):
     path = write(tmp_path / "r.csv", compressed("shape,tokens\na,1\n", "gzip"))
     before = path.read_bytes()

@@ -73,8 +73,11 @@ def _file_type(mode: int) -> str:
 
 def read_bytes(path: str | os.PathLike, what: str = "file") -> bytes:
     """The bytes of the regular file `path`. Refused with one `InputError` naming `what` and the path:
-    a missing file, a folder, a FIFO, a socket or a device (said which; a FIFO is opened without
-    blocking and never read), a file that cannot be read."""
+    what is not a path (a str or os.PathLike without NUL characters), a missing file, a folder, a FIFO,
+    a socket or a device (said which; a FIFO is opened without blocking and never read), a file that
+    cannot be read."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+        raise InputError(f"{what} {path!r}: not a path (a str or os.PathLike), got {type(path).__name__}")
     p = Path(path)
     label = f"{what} {p}"
     try:
@@ -85,6 +88,8 @@ def read_bytes(path: str | os.PathLike, what: str = "file") -> bytes:
         raise InputError(f"{label}: does not exist (a folder on its path is a file)") from None
     except OSError as exc:
         raise InputError(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError:  # os.stat: "embedded null byte"
+        raise InputError(f"{what} {str(p)!r}: not a path (it holds a NUL character)") from None
     if not stat.S_ISREG(mode):
         raise InputError(f"{label}: is {_file_type(mode)}, not a regular file; give a file")
     try:
@@ -247,9 +252,9 @@ def read_table(path: str | os.PathLike, kinds: Mapping[str, Sequence[str]] | Non
     names, rows with another number of fields than the header, the kind (`kinds` maps each kind the
     caller reads, a key of `CSV_KINDS`, to the columns it requires; a file of another kind is named
     for what it looks like), and a file without rows (unless `allow_empty`)."""
+    text = read_text(path, what)
     p = Path(path)
     label = f"{what} {p}"
-    text = read_text(p, what)
     if not text.strip():
         raise InputError(f"{label}: is empty (no header, no rows)")
     complete = text if text.endswith("\n") else text[: text.rfind("\n") + 1] or text
