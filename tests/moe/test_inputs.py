@@ -7,9 +7,12 @@ import torch
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe.buffer import BlockConfig
+from xstage.moe.pacing import resolve_pacing
 from xstage.moe.problem import parse_block
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
 from xstage.moe.schedule import make_schedule
+from xstage.moe.variant import parse_variants
+from xstage.probe.sweeps import parse_sweeps
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -238,3 +241,19 @@ def test_variants_refuse_absurd_pacings(text, match):
 
     with pytest.raises(InputError, match=match):
         Variant.parse(text)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: parse_variants(1048576), r"^--schedules 1048576: expected a str"),
+    (lambda: parse_block(True, 512), r"^block True: expected a string BM:BN1:BN2:BK:WARPS:STAGES\[:FLAGS\] or None$"),
+    (lambda: parse_block("64:64:128:32:4:2", "512"), r"^hidden='512': must be an integer in 1\.\.65536"),
+    (lambda: resolve_pacing("50:128", "host", None),
+     r"^num_ranks=None: must be an integer in 1\.\.1024"),
+    (lambda: resolve_pacing("default", "nvlink", 2),
+     r"^path='nvlink': must be one of hbm, host, peer"),
+    (lambda: parse_sweeps(None, "host"), r"^--sweep None: expected"),
+])
+def test_parsers_refuse_what_is_not_their_text(call, match):
+    """Found by tests/test_fuzz_api.py: these raised AttributeError or TypeError."""
+    with pytest.raises(InputError, match=match):
+        call()

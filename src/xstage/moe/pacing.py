@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from xstage.bounds import MAX_RANKS, check_int
+from xstage.comm.context import PATHS as STORE_PATHS
 from xstage.comm.pacing import StorePacing, default_pacing, parse_pacing
 from xstage.errors import InputError
 from xstage.model import load_default_profile
@@ -52,6 +54,9 @@ def resolve_pacing(pacing, path: str, num_ranks: int) -> StorePacing | None:
     if pacing == AUTO:
         raise InputError("pacing 'auto' is chosen per call (tokens, schedule): resolve it with "
                          "xstage.moe.pacing.choose_pacing, or name a pacing ('default', 'off', 'RATE:BUDGET')")
+    if path not in STORE_PATHS:
+        raise InputError(f"path={path!r}: must be one of {', '.join(STORE_PATHS)} (where the stores go)")
+    num_ranks = check_int(num_ranks, "num_ranks", 1, MAX_RANKS, "ranks of the group")
     return parse_pacing(pacing, default_pacing_of(path, num_ranks))
 
 

@@ -95,6 +95,9 @@ def parse_block(spec: str | None, hidden: int, fp8: bool = False) -> BlockConfig
     FLAGS (optional) picks the kernel variant: letters `t` (TMA loads) and `d` (dynamic task fetch), or
     `-` for neither, then optionally a digit: CTAs per SM (`d2`: dynamic, two CTAs per SM; the first
     launch refuses a grid whose CTAs do not fit); without FLAGS the BlockConfig defaults apply."""
+    if spec is not None and not isinstance(spec, str):
+        raise InputError(f"block {spec!r}: expected a string BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] or None")
+    hidden = check_int(hidden, "hidden", 1, MAX_HIDDEN, "hidden size the tiles split")
     parts = (spec if spec is not None else (DEFAULT_BLOCK_FP8 if fp8 else DEFAULT_BLOCK)).split(":")
     flags = parts.pop() if len(parts) == 7 else None
     try:

@@ -53,7 +53,9 @@ class Variant:
 
 def parse_variants(text: str, arg: str = "--schedules") -> list[Variant]:
     """Comma-separated variants (`"expert_wave,lag:4@off"`); refuses an empty list or a bad entry."""
-    items = [t for t in (text or "").split(",") if t.strip()]
+    if not isinstance(text, str):
+        raise InputError(f"{arg} {text!r}: expected a string of comma-separated SCHEDULE[@PACING]")
+    items = [t for t in text.split(",") if t.strip()]
     if not items:
         raise InputError(f"{arg}: give at least one SCHEDULE[@PACING]")
     try:
