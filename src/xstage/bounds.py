@@ -1,10 +1,12 @@
-"""Numbers from users: one validator per kind of number, for the API and the command line alike.
+"""Numbers and argument types from users: one validator per kind, for the API and the command line alike.
 
 - `check_int(value, arg, lo, hi, what)`: an integer in `lo..hi`. Python and numpy integers pass; a
   float passes only when it is exactly an integer (`2e9` for `2_000_000_000`); bools, strings, NaN
   and fractions are refused.
 - `check_real(value, arg, lo, hi, what, unit)`: a finite real number in `lo..hi` (`inf` only where
   `allow_inf` says so, for windows without a bound).
+- `check_instance(value, arg, types, what)` / `check_sequence(value, arg, item_types, what)`: an
+  argument of the API that must be an object of a type, or a list of them (strings, configurations).
 - `cli_int(lo, hi, what)` / `cli_real(...)`: the same checks as argparse `type=` functions, reading
   the command line's text first (`4096`, `1e9`, `2.5`); argparse names the flag. `cli_type(check,
   ...)` does the same for any validator of that form (a head dim, say).
@@ -84,6 +86,30 @@ def check_real(value, arg: str, lo: float, hi: float, what: str, unit: str = "",
         also = " or inf" if allow_inf else ""
         raise InputError(f"{label(arg, value)}: must be a finite number in {_bound(lo, hi, unit)}{also} ({what})")
     return v
+
+
+def check_instance(value, arg: str, types, what: str):
+    """`value` if it is an instance of `types` (a type or a tuple of them); else `InputError` naming
+    `arg`, what it must be and the type it is (not the value: an object's repr can run to pages)."""
+    if not isinstance(value, types):
+        raise InputError(f"{arg}: must be {what}, got {type(value).__name__}")
+    return value
+
+
+def check_sequence(value, arg: str, item_types, what: str) -> list:
+    """`value` as a list if it is a sequence (a list, tuple or other iterable, not a string, mapping or
+    tensor) of `item_types`; else `InputError` naming `arg` and the item that is not."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__") or hasattr(value, "dtype"):
+        raise InputError(f"{arg}: must be a list of {what}, got {type(value).__name__}")
+    items = list(value)
+    for i, v in enumerate(items):
+        if not isinstance(v, item_types) or isinstance(v, bool) and bool not in _tuple(item_types):
+            raise InputError(f"{arg}[{i}]={v!r}: must be {what}")
+    return items
+
+
+def _tuple(types) -> tuple:
+    return types if isinstance(types, tuple) else (types,)
 
 
 def number_from_text(text: str, arg: str = "") -> int | float:

@@ -80,3 +80,15 @@ def test_probe_plan_refuses_a_slice_that_selects_nothing(capsys):
     assert "--only n_sm=7: selects none of the" in _one_line(capsys)
     assert main(["probe", "--plan", "--only", "n_sm=1", "--json"]) == 0
     assert '"n_sm": 1' in capsys.readouterr().out
+
+
+def test_what_is_not_a_list_of_spellings_or_configurations_is_named():
+    """Found by tests/test_fuzz_api.py: True or None here raised a TypeError."""
+    with pytest.raises(InputError, match=r"^--only: must be a list of KEY=V1,V2 spellings, got bool$"):
+        parse_only(True)
+    with pytest.raises(InputError, match=r"^--only\[0\]=4: must be KEY=V1,V2 spellings$"):
+        parse_only([4])
+    with pytest.raises(InputError, match=r"^configs: must be a list of configurations .*, got NoneType$"):
+        select(None, ["P=2"])
+    with pytest.raises(InputError, match=r"^configs\[1\]=3: must be configurations"):
+        select([{"P": 2}, 3], ["P=2"])

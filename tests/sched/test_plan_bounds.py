@@ -100,3 +100,22 @@ def test_the_moe_planner_refuses_numbers_before_simulating():
 def test_moe_config_states_its_bounds(kw, match):
     with pytest.raises(InputError, match=match):
         MoeConfig.parse("H1024-I512-E8-K2", **{**dict(tokens_per_rank=64, ep=4), **kw})
+
+
+def test_the_planners_name_an_argument_of_the_wrong_type():
+    """Found by tests/test_fuzz_api.py: None or True in these ended in AttributeError or TypeError."""
+    costs = default_exchange_costs()
+    for call, match in (
+            (lambda: plan_exchange(24, 128, 4096, 4, None), r"^costs: must be ExchangeCosts .*, got NoneType$"),
+            (lambda: plan_exchange(24, 128, 4096, 4, costs, True), r"^candidates: must be a list of exchange"),
+            (lambda: predict("serial", 24, 128, 4096, 4, costs, elem_bytes="2"), r"^elem_bytes='2': must be an int"),
+            (lambda: plan_moe(None, SLOW_PATH, COSTS, 8), r"^cfg: must be a MoeConfig, got NoneType$"),
+            (lambda: plan_moe(CFG, None, COSTS, 8), r"^path: must be the store path's PathParams, got NoneType$"),
+            (lambda: plan_moe(CFG, SLOW_PATH, None, 8), r"^costs: must be the kernel's TaskCosts, got NoneType$"),
+            (lambda: plan_moe(CFG, SLOW_PATH, COSTS, 8, candidates=True), r"^candidates: must be a list of schedule"),
+            (lambda: plan_moe(CFG, SLOW_PATH, COSTS, 8, block_ms=[64.5]), r"^block_ms\[0\]=64\.5: must be BLOCK_M"),
+            (lambda: plan_moe(CFG, SLOW_PATH, COSTS, 8, pacing=True), r"^pacing: must be a StorePacing or None, got"),
+            (lambda: plan_moe(CFG, SLOW_PATH, COSTS, 8, pacings="0"), r"^pacings: must be a mapping of pacing spec"),
+            (lambda: plan_moe(CFG, SLOW_PATH, COSTS, 8, pacings={"x": 5}), r"^pacings\['x'\]: must be a StorePacing")):
+        with pytest.raises(InputError, match=match):
+            call()

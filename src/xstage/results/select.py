@@ -13,6 +13,7 @@ import argparse
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from xstage.bounds import check_sequence
 from xstage.errors import InputError
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -54,7 +55,7 @@ def parse_only(specs: Sequence[str] | None) -> dict[str, set[str]]:
     """Parse `["P=2,4", "tokens=4096"]` into `{"P": {"2", "4"}, "tokens": {"4096"}}`; a key given
     twice keeps the values of both."""
     filters: dict[str, set[str]] = {}
-    for spec in specs or ():
+    for spec in check_sequence(specs if specs is not None else (), "--only", str, "KEY=V1,V2 spellings"):
         key, values = parse_spec(spec)
         filters.setdefault(key, set()).update(values)
     return filters
@@ -64,7 +65,7 @@ def select(configs: Iterable[Mapping[str, object]], only: Sequence[str] | Mappin
     """The configurations whose fields match every `--only` filter (values compared as strings).
     Refuses a field no configuration has, and filters that select none of them."""
     filters = only if isinstance(only, Mapping) else parse_only(only)
-    configs = list(configs)
+    configs = check_sequence(configs, "configs", Mapping, "configurations (mappings of field to value)")
     if not filters or not configs:
         return configs
     fields = sorted({k for c in configs for k in c})

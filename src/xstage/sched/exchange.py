@@ -62,7 +62,7 @@ from xstage.attention.exchange import CORES, Exchange, parse_exchange
 from xstage.attention.flash import SUPPORTED_HEAD_DIMS
 from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.overlap import default_blocks, overlap_blocks
-from xstage.bounds import MAX_RANKS, check_int, label
+from xstage.bounds import MAX_RANKS, check_instance, check_int, check_sequence, label
 from xstage.errors import InputError
 from xstage.results.io import cell_count, cell_time
 from xstage.sched.measured import load_results
@@ -191,6 +191,9 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
     """Predicted receiver-visible time of exchange `ex` for rank 0 of `ranks`."""
     ex = check_predictable(ex)
     plan = _rank0(heads, dim, tokens, ranks)
+    check_instance(costs, "costs", ExchangeCosts, "ExchangeCosts (fit_exchange_costs, default_exchange_costs)")
+    if check_int(elem_bytes, "elem_bytes", 1, 4, "bytes per element of the output") == 3:
+        raise InputError("elem_bytes=3: must be 1, 2 or 4 (bytes per element of the output)")
     h = plan.heads_of(0)
     row_bytes = h * dim * elem_bytes
     remote = (tokens - plan.seq_lens[0]) * row_bytes
@@ -316,6 +319,7 @@ def _overlap_ns(plan: UlyssesPlan, ex: Exchange, core: str, tokens: int, dim: in
 def plan_exchange(heads: int, dim: int, tokens: int, ranks: int, costs: ExchangeCosts,
                   candidates: Sequence[str] = CANDIDATES) -> list[Prediction]:
     """Every candidate's prediction, fastest first."""
+    candidates = check_sequence(candidates, "candidates", (str, Exchange), "exchange spellings")
     if not candidates:
         raise InputError("candidates: at least one exchange is needed")
     preds = [predict(c, heads, dim, tokens, ranks, costs) for c in candidates]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xstage.bounds import MAX_SMS, check_int
+from xstage.bounds import MAX_SMS, check_instance, check_int, check_sequence
 from xstage.comm.pacing import StorePacing, spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
@@ -87,15 +87,25 @@ def plan_moe(
     pacing), when given, ranks every candidate under each of them instead (by `rank_ns`). `interference` is the store
     path's interference term (`xstage.model.interference`; None: off). `progress(done, total)` is
     called after each candidate's simulation. Every argument is checked before the first one."""
+    check_instance(cfg, "cfg", MoeConfig, "a MoeConfig")
+    check_instance(path, "path", PathParams, "the store path's PathParams")
+    check_instance(costs, "costs", TaskCosts, "the kernel's TaskCosts")
     num_ctas = check_int(num_ctas, "num_ctas", 1, MAX_PLAN_CTAS, CTAS_MEANING)
     seed = check_seed(seed)
+    candidates = check_sequence(candidates, "candidates", str, "schedule names")
     if not candidates:
         raise InputError("candidates: at least one schedule is needed")
     for name in candidates:
         check_plannable(name)
     if interference is not None and not isinstance(interference, Interference):
         raise InputError(f"interference: expected an Interference or None, got {type(interference).__name__}")
+    block_ms = check_sequence(block_ms, "block_ms", int, "BLOCK_M values") if block_ms is not None else None
     configs = [cfg.with_blocks(block_m=bm) for bm in block_ms or (cfg.block_m,)]  # MoeConfig checks block_m
+    check_instance(pacing, "pacing", (StorePacing, type(None)), "a StorePacing or None")
+    if pacings is not None:
+        check_instance(pacings, "pacings", Mapping, "a mapping of pacing spec to StorePacing or None")
+        for spec, p in pacings.items():
+            check_instance(p, f"pacings[{spec!r}]", (StorePacing, type(None)), "a StorePacing or None")
     paced = dict(pacings) if pacings else {spec_of(pacing): pacing}
     rows = []
     total = len(configs) * len(candidates) * len(paced)
