@@ -116,3 +116,14 @@ def test_a_core_csv_config_past_the_bounds_names_its_line(tmp_path):
     path = write(tmp_path / "core.csv", with_value(committed(CORE_CSV, 3), "block_m", "4096", row=2))
     with pytest.raises(InputError, match=r"core.csv, line 3: config.block_m=4096: must be a power of two in 16..1024"):
         read_core(path)
+
+
+def test_out_and_kv_lens_that_are_not_tensors_are_named():
+    """Found by tests/test_fuzz_api.py: True raised an AttributeError, a meta tensor a NotImplementedError."""
+    q = torch.randn(1, 16, 1, 16).half()
+    for kw, match in ((dict(out=True), r"^out: must be a tensor like q or None, got bool$"),
+                      (dict(kv_lens=True), r"^kv_lens: must be an int32 tensor of shape \[1\] or None, got bool$"),
+                      (dict(kv_lens=torch.tensor([16], dtype=torch.int32, device="meta")),
+                       r"^kv_lens: expected an int32 tensor of shape \[1\] holding data, got torch.int32 \(1,\) on meta")):
+        with pytest.raises(InputError, match=match):
+            flash_attention(q, q, q, **kw)

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from xstage import backend
+from xstage.bounds import check_instance
 from xstage.comm.device import globaltimer, peer_ptr, signal_add, smid, use_ptx
 from xstage.env import interpreter_active
 from xstage.errors import InputError
@@ -559,10 +560,13 @@ def flash_attention(
     if config is not None and not isinstance(config, FlashConfig):
         raise InputError(f"config: expected a FlashConfig, got {type(config).__name__}")
     if kv_lens is not None:
-        if kv_lens.shape != (B,) or kv_lens.dtype not in (torch.int32, torch.int64):
-            raise InputError(f"kv_lens: expected an int32 tensor of shape [{B}], got {kv_lens.dtype} "
-                             f"{tuple(kv_lens.shape)}")
+        check_instance(kv_lens, "kv_lens", torch.Tensor, f"an int32 tensor of shape [{B}] or None")
+        if kv_lens.shape != (B,) or kv_lens.dtype not in (torch.int32, torch.int64) or kv_lens.is_meta:
+            raise InputError(f"kv_lens: expected an int32 tensor of shape [{B}] holding data, got {kv_lens.dtype} "
+                             f"{tuple(kv_lens.shape)} on {kv_lens.device}")
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32)
+    if out is not None:
+        check_instance(out, "out", torch.Tensor, "a tensor like q or None")
     if route is None:
         if out is None:
             out = torch.empty(B, S_q, H, D, dtype=q.dtype, device=q.device)

@@ -73,7 +73,8 @@ from xstage.attention.overlap import (
     stage_offset,
     unpack_stage,
 )
-from xstage.comm import create_context
+from xstage.bounds import check_instance
+from xstage.comm import CommContext, create_context
 from xstage.comm.device import use_ptx
 from xstage.comm.ulysses_signals import expected_tiles, wait_counters
 from xstage.errors import InputError
@@ -185,6 +186,7 @@ _LOOPBACK_EMPTY = ("seq_lens: a loopback context derives the stand-in ranks' tok
 
 def _resolve(group, comm):
     if comm is not None:
+        check_instance(comm, "comm", CommContext, "an xstage.comm context (create_context) or None")
         if group is not None:
             raise InputError("group, comm: pass one of them, not both")
         # a `peer` context's pre-attention all-to-all and agreement run on its own group
