@@ -6,6 +6,7 @@ import os
 import re
 import threading
 
+import numpy as np
 import pytest
 
 from xstage.errors import InputError
@@ -118,3 +119,13 @@ def test_tile_model_and_order_effect_take_numbers_only(tmp_path, where, value, n
     pts[0][1] = "1.07"
     with pytest.raises(InputError, match="ratios must be numbers"):
         TaskCosts.load(write(tmp_path / "o.json", json.dumps(d)))
+
+
+def test_loaders_name_what_is_not_a_path_or_a_document():
+    """Found by tests/test_fuzz_api.py: Profile.load(None) and TaskCosts.load(None) raised a TypeError
+    before the reader's checks, TaskCosts.from_dict of a number an IndexError."""
+    for load, what in ((Profile.load, "profile"), (TaskCosts.load, "task costs file")):
+        with pytest.raises(InputError, match=f"^{what} None: not a path"):
+            load(None)
+    with pytest.raises(InputError, match=r"^task costs: expected an object with 'kernel' and 'kinds', got int64$"):
+        TaskCosts.from_dict(np.int64(-1))

@@ -256,8 +256,8 @@ class Profile:
         """Read (`xstage.results.io.read_json`: a folder, FIFO, compressed or non-UTF-8 file, invalid JSON
         and NaN are refused) and validate (`from_dict`) a profile JSON file; errors name the file and the
         field."""
-        path = Path(path)
-        return cls.from_dict(read_json(path, "profile"), source=f"profile {str(path)!r}")
+        d = read_json(path, "profile")
+        return cls.from_dict(d, source=f"profile {str(Path(path))!r}")
 
     def save(self, path) -> None:
         """Write through a temporary file and a rename: a failure leaves an existing file untouched."""

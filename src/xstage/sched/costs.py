@@ -179,6 +179,8 @@ class TaskCosts:
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "task costs") -> TaskCosts:
+        if not isinstance(d, dict):
+            raise InputError(f"{source}: expected an object with 'kernel' and 'kinds', got {type(d).__name__}")
         try:
             if not isinstance(d["kernel"], str):
                 raise ValueError(f"kernel must be a name such as 'moe', got {d['kernel']!r}")
@@ -209,8 +211,8 @@ class TaskCosts:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TaskCosts:
-        path = Path(path)
         d = read_json(path, "task costs file")  # the checks every input file gets (xstage.results.io)
+        path = Path(path)
         if not isinstance(d, dict):
             raise InputError(f"task costs file {path}: expected a JSON object with 'kernel' and 'kinds'")
         return cls.from_dict(d, f"task costs file {path}")
