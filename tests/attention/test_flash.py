@@ -124,6 +124,7 @@ def test_out_and_kv_lens_that_are_not_tensors_are_named():
     for kw, match in ((dict(out=True), r"^out: must be a tensor like q or None, got bool$"),
                       (dict(kv_lens=True), r"^kv_lens: must be an int32 tensor of shape \[1\] or None, got bool$"),
                       (dict(kv_lens=torch.tensor([16], dtype=torch.int32, device="meta")),
-                       r"^kv_lens: expected an int32 tensor of shape \[1\] holding data, got torch.int32 \(1,\) on meta")):
+                       r"^kv_lens: expected an int32 tensor of shape \[1\] holding data, got torch.int32 \(1,\) "
+                       r"on meta")):
         with pytest.raises(InputError, match=match):
             flash_attention(q, q, q, **kw)

@@ -193,7 +193,8 @@ def test_module_and_bad_inputs(device):
         ulysses_attention(x, x, x, comm=ctx, mode="overlap")
     with pytest.raises(InputError, match="exchange, mode"):
         ulysses_attention(x, x, x, comm=ctx, mode="serial", exchange="serial")
-    with pytest.raises(InputError, match=r"^comm: must be an xstage.comm context \(create_context\) or None, got bool$"):
+    with pytest.raises(InputError, match=r"^comm: must be an xstage.comm context \(create_context\) or None, "
+                                         r"got bool$"):
         ulysses_attention(x, x, x, comm=True)  # found by tests/test_fuzz_api.py: an AttributeError
     for bad in ("fused", "stores:paced:3", "overlap:cudnn:1", "serial:flash", "tma:burst", 7, "overlap:cudnn:4:zig",
                 "overlap:cudnn:x:waves", "serial:cudnn:4", "overlap:cudnn:4:waves:1"):
