@@ -252,6 +252,7 @@ def test_variants_refuse_absurd_pacings(text, match):
     (lambda: resolve_pacing("default", "nvlink", 2),
      r"^path='nvlink': must be one of hbm, host, peer"),
     (lambda: parse_sweeps(None, "host"), r"^--sweep None: expected"),
+    (lambda: parse_sweeps("all", []), r"^--path \[\]: must be one of \['hbm', 'host', 'peer'\]$"),
 ])
 def test_parsers_refuse_what_is_not_their_text(call, match):
     """Found by tests/test_fuzz_api.py: these raised AttributeError or TypeError."""

@@ -84,7 +84,7 @@ def parse_sweeps(spec: str, path: str) -> list[str]:
     """`all` or a comma list of sweep names -> the sweeps that apply to `path`."""
     if not isinstance(spec, str):
         raise InputError(f"--sweep {spec!r}: expected a string, 'all' or names from {list(SWEEPS)}")
-    if path not in PATH_SWEEPS:
+    if not isinstance(path, str) or path not in PATH_SWEEPS:
         raise InputError(f"--path {path!r}: must be one of {sorted(PATH_SWEEPS)}")
     names = list(PATH_SWEEPS[path]) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     bad = [s for s in names if s not in SWEEPS]
