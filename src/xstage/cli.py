@@ -13,18 +13,11 @@ from xstage import demo, env_commands
 from xstage.bench import commands as bench_commands
 from xstage.bench import moe as bench_moe
 from xstage.bench import ulysses as bench_ulysses
-from xstage.errors import XstageError
+from xstage.errors import XstageError, one_line
 from xstage.model import commands as model_commands
 from xstage.probe import commands as probe_commands
 from xstage.sched import commands as sched_commands
 from xstage.version import __version__
-
-
-def one_line(message: str) -> str:
-    """`message` as one line of text: a line end or other control character it quotes from the input
-    (`--shape $'\\r'`, a cell holding a form feed) is written as its escape, so that the refusal stays the
-    one line the contract promises and no character rewrites the terminal."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(message))
 
 
 class _Parser(argparse.ArgumentParser):

@@ -293,3 +293,12 @@ def test_every_kind_has_a_distinct_signature():
     for a, sa in sigs.items():
         for b, sb in sigs.items():
             assert a == b or not sa <= sb, f"a {b} file would also look like {a}"
+
+
+def test_a_refusal_quoting_a_line_end_stays_one_line(tmp_path):
+    """Found by tests/test_fuzz_api.py: a path holding a line end (from Python, not a shell) split the
+    message; every XstageError writes its control characters as escapes."""
+    with pytest.raises(InputError) as exc:
+        read_rows(tmp_path / "a\nb.csv")
+    assert _one_line(exc).endswith("a\\nb.csv: does not exist")
+    assert str(InputError("x\r\x1b[2Jy\tz")) == "x\\r\\x1b[2Jy\\tz" and str(InputError("é ∞")) == "é ∞"
