@@ -196,6 +196,8 @@ def test_module_and_bad_inputs(device):
     with pytest.raises(InputError, match=r"^comm: must be an xstage.comm context \(create_context\) or None, "
                                          r"got bool$"):
         ulysses_attention(x, x, x, comm=True)  # found by tests/test_fuzz_api.py: an AttributeError
+    with pytest.raises(InputError, match=r"^mode \[\]: deprecated, and must be one of"):
+        ulysses_attention(x, x, x, comm=ctx, mode=[])  # was TypeError: unhashable
     for bad in ("fused", "stores:paced:3", "overlap:cudnn:1", "serial:flash", "tma:burst", 7, "overlap:cudnn:4:zig",
                 "overlap:cudnn:x:waves", "serial:cudnn:4", "overlap:cudnn:4:waves:1"):
         with pytest.raises(InputError, match="exchange"):

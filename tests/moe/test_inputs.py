@@ -67,6 +67,11 @@ def test_block_config_accepts_the_configs_in_use():
     (dict(n2=2**40), r"^n2=1099511627776: must be an integer in 1\.\.8192$"),
     (dict(num_ctas=2**31), r"^num_ctas=2147483648: must be an integer in 1\.\.131072$"),
     (dict(unit_expert=[0] * 300_000, n1=8192, n2=8192), r"^unit_expert: 300000 units x 16385 tasks each are more "),
+    # found by tests/test_fuzz_api.py: OverflowError, ValueError and TypeError from numpy and torch
+    (dict(block_m=2**31), r"^block_m=2147483648: must be an integer in 1\.\.2147483647$"),
+    (dict(unit_rows=torch.tensor(4)), r"^unit_rows=tensor\(4\): must be a sequence of integers >= 0$"),
+    (dict(unit_dest_rows=True), r"^unit_dest_rows: must be \[3, R\] integers in 0\.\.2147483647"),
+    (dict(unit_dest_rows=[[2**31]] * 3), r"^unit_dest_rows: must be \[3, R\] integers"),
 ])
 def test_make_schedule_refuses_non_integer_or_negative_inputs(kw, match):
     args = dict(name="lag:1", unit_expert=[0, 0, 1], num_ctas=2, n1=2, n2=1)
@@ -201,6 +206,7 @@ def test_bf16_is_refused_by_name_in_the_interpreter_before_any_work():
     (dict(tokens=0), r"^tokens=0: must be an integer"),
     (dict(ep=3), r"^ep=3: must divide the 4 experts of H64-I32-E4-K2$"),
     (dict(ep=0.5), r"^ep=0\.5: must be an integer in 1\.\.1024"),
+    (dict(seed=None), r"^seed=None: must be an integer in 0\.\.9223372036854775806"),  # was a TypeError
     (dict(shape="H64-I32-E4-K5"), r"^shape='H64-I32-E4-K5': K=5: must be an integer in 1\.\.4"),
     (dict(shape=(64, 32.5, 4, 2)), r"^shape=\(64, 32\.5, 4, 2\): I=32\.5: must be an integer in 1\.\.65536"),
 ])

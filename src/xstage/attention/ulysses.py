@@ -231,7 +231,7 @@ def exchange_from_mode(exchange, mode) -> Exchange:
     """The exchange of a call that may still use the deprecated `mode=` ("fused" or "serial")."""
     if mode is None:
         return parse_exchange(exchange)
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise InputError(f"mode {mode!r}: deprecated, and must be one of {', '.join(MODES)}; pass exchange= "
                          "instead (serial, overlap, stores, tma, auto)")
     if exchange is not None:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from xstage.backend import refuse_interpreter_bf16, resolve_device
-from xstage.bounds import MAX_RANKS, check_int, label
+from xstage.bounds import INT64_MAX, MAX_RANKS, check_int, label
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import InputError
 from xstage.moe.buffer import (
@@ -146,6 +146,7 @@ class Problem:
         refuse_interpreter_bf16(dtype)  # before any tensor is drawn
         tokens = check_int(tokens, "tokens", 1, MAX_TOKENS_PER_RANK, "tokens per rank")
         ep = check_int(ep, "ep", 1, MAX_RANKS, "ranks of the EP group")
+        seed = check_int(seed, "seed", 0, INT64_MAX - 1, "seed of the random problem")  # seed + 1 is drawn too
         if E % ep:
             raise InputError(f"ep={ep}: must divide the {E} experts of {self.shape}")
         device = resolve_device(device)

@@ -277,11 +277,11 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
         raise InputError(f"unit_expert: {len(unit_expert)} units x {1 + n1 + n2} tasks each are more than the "
                          f"{MAX_TASKS} tasks an int32 task table holds")
     if unit_rows is not None:
-        unit_rows = _integers("unit_rows", unit_rows, 0)
+        unit_rows = _integers("unit_rows", unit_rows, 0, INT32_MAX)
         if len(unit_rows) != len(unit_expert):
             raise InputError(f"unit_rows: {len(unit_rows)} entries for {len(unit_expert)} units (one per unit)")
     if block_m is not None:
-        block_m = _integer("block_m", block_m, 1)
+        block_m = _integer("block_m", block_m, 1, INT32_MAX)
     if dispatch_lead is not None:
         dispatch_lead = _integer("dispatch_lead", dispatch_lead, 0)
     if pool_units is not None:
@@ -310,7 +310,7 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     tasks = table[perm].copy()
     dest = None
     if unit_dest_rows is not None:
-        per_unit = np.asarray(unit_dest_rows, dtype=np.int32).reshape(n_units, -1)
+        per_unit = _dest_rows(unit_dest_rows, n_units)
         dest = per_unit[tasks[:, 1]] * (tasks[:, :1] == LINEAR2)
     return Schedule(name, int(num_ctas), int(n1), int(n2), n_units, tasks, start, dest)
 
@@ -329,11 +329,25 @@ def _integer(label: str, v, minimum: int, maximum: int | None = None) -> int:
     return i
 
 
-def _integers(label: str, values, minimum: int) -> list[int]:
+def _integers(label: str, values, minimum: int, maximum: int | None = None) -> list[int]:
     """Every entry of `values` as an int (`_integer`); the error names the entry's position."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__") or getattr(values, "ndim", 1) != 1:
         raise InputError(f"{label}={values!r}: must be a sequence of integers >= {minimum}")
-    return [_integer(f"{label}[{i}]", v, minimum) for i, v in enumerate(values)]
+    return [_integer(f"{label}[{i}]", v, minimum, maximum) for i, v in enumerate(values)]
+
+
+def _dest_rows(values, n_units: int) -> np.ndarray:
+    """`unit_dest_rows` as an int32 `[units, R]` array: rows of each unit per destination, each in
+    0..INT32_MAX."""
+    try:
+        a = np.asarray(values)
+        ok = a.ndim == 2 and a.shape[0] == n_units and a.shape[1] >= 1 and a.dtype.kind in "iu"
+    except (TypeError, ValueError):
+        ok = False
+    if not ok or a.min() < 0 or a.max() > INT32_MAX:
+        raise InputError(f"unit_dest_rows: must be [{n_units}, R] integers in 0..{INT32_MAX} (rows of each unit per "
+                         "destination rank)")
+    return a.astype(np.int32)
 
 
 def pool_too_small(name: str, pool_units: int, unit: int) -> PoolTooSmallError:
