@@ -69,6 +69,7 @@ def test_block_config_accepts_the_configs_in_use():
     (dict(unit_expert=[0] * 300_000, n1=8192, n2=8192), r"^unit_expert: 300000 units x 16385 tasks each are more "),
     # found by tests/test_fuzz_api.py: OverflowError, ValueError and TypeError from numpy and torch
     (dict(block_m=2**31), r"^block_m=2147483648: must be an integer in 1\.\.2147483647$"),
+    (dict(unit_expert=[2**40]), r"^unit_expert\[0\]=1099511627776: must be an integer in 0\.\.2147483647$"),
     (dict(unit_rows=torch.tensor(4)), r"^unit_rows=tensor\(4\): must be a sequence of integers >= 0$"),
     (dict(unit_dest_rows=True), r"^unit_dest_rows: must be \[3, R\] integers in 0\.\.2147483647"),
     (dict(unit_dest_rows=[[2**31]] * 3), r"^unit_dest_rows: must be \[3, R\] integers"),

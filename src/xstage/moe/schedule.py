@@ -272,7 +272,7 @@ def make_schedule(name, unit_expert, num_ctas, n1, n2, unit_rows=None, block_m=N
     base, arg = _parse(name)
     num_ctas = _integer("num_ctas", num_ctas, 1, MAX_CTAS)
     n1, n2 = (_integer(label, v, 1, MAX_TILES_PER_UNIT) for label, v in (("n1", n1), ("n2", n2)))
-    unit_expert = _integers("unit_expert", unit_expert, 0)
+    unit_expert = _integers("unit_expert", unit_expert, 0, INT32_MAX)
     if len(unit_expert) * (1 + n1 + n2) > MAX_TASKS:
         raise InputError(f"unit_expert: {len(unit_expert)} units x {1 + n1 + n2} tasks each are more than the "
                          f"{MAX_TASKS} tasks an int32 task table holds")
