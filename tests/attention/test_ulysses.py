@@ -198,6 +198,8 @@ def test_module_and_bad_inputs(device):
         ulysses_attention(x, x, x, comm=True)  # found by tests/test_fuzz_api.py: an AttributeError
     with pytest.raises(InputError, match=r"^mode \[\]: deprecated, and must be one of"):
         ulysses_attention(x, x, x, comm=ctx, mode=[])  # was TypeError: unhashable
+    with pytest.raises(InputError, match=r"^check: must be True or False, got Tensor$"):
+        ulysses_attention(x, x, x, comm=ctx, check=torch.tensor([1, 2]))  # was a RuntimeError
     for bad in ("fused", "stores:paced:3", "overlap:cudnn:1", "serial:flash", "tma:burst", 7, "overlap:cudnn:4:zig",
                 "overlap:cudnn:x:waves", "serial:cudnn:4", "overlap:cudnn:4:waves:1"):
         with pytest.raises(InputError, match="exchange"):

@@ -277,9 +277,10 @@ def ulysses_attention(
     Example: see the module docstring.
     """
     try:
+        check_instance(check, "check", bool, "True or False")
         ex, refusal = exchange_from_mode("auto" if exchange is None and mode is None else exchange, mode), None
     except InputError as e:
-        ex, refusal = None, e
+        ex, refusal, check = None, e, True  # the ranks still agree on the refusal
     return _ulysses(q, k, v, group, ex, refusal, softmax_scale=softmax_scale, comm=comm, seq_lens=seq_lens,
                     config=config, check=check)
 

@@ -32,6 +32,7 @@ import triton
 
 from xstage import backend
 from xstage.backend import refuse_interpreter_bf16
+from xstage.bounds import check_instance
 from xstage.comm.context import check_timeout_ns
 from xstage.comm.device import wait_bounds
 from xstage.comm.pacing import StorePacing, pacing_args
@@ -419,6 +420,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
                          "not with static=True)")
     refuse_interpreter_bf16(buf.dtype, "buf.dtype")  # as on every rank: the buffer's dtype is the group's
     try:
+        for flag, value in (("check", check), ("static", static)):
+            check_instance(value, flag, bool, "True or False")
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
