@@ -94,6 +94,9 @@ def test_a_committed_summary_reads_the_same_with_a_byte_order_mark(tmp_path):
     ("warps", "abc", "line 5, column warps: 'abc' is not an integer"),
     ("gap_iters", "-1", "line 5, column gap_iters: -1: must be an integer >= 0"),
     ("peer_mode", "some", "line 5, column peer_mode: 'some' is not one of none, one, all"),
+    # found by tests/test_fuzz_files.py: a 400-digit count passed the check and overflowed the reader
+    ("warps", "9" * 400, "line 5, column warps: 99999999999999999999... (400 digits): must be at most"),
+    ("n_sm", "9" * 30, "line 5: column 'n_sm' must be at most 9223372036854775807"),
 ])
 def test_summary_values_are_checked(tmp_path, column, value, needle):
     text = committed(PROBE_SUMMARY_CSV, SUMMARY_ROWS)

@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.bounds import INT64_MAX
 from xstage.errors import InputError
 from xstage.results.io import read_table
 
@@ -196,6 +197,8 @@ def _check_int(row: dict, col: str, where: str, lo: int | None = None) -> int:
     lo = _INT_COLS[col] if lo is None else lo
     if v != int(v) or v < lo:
         raise InputError(f"{where}: column {col!r} must be an integer >= {lo}, got {row[col]!r}")
+    if v > INT64_MAX:  # counts and sizes are held in int64
+        raise InputError(f"{where}: column {col!r} must be at most {INT64_MAX}, got {str(row[col])[:24]!r}...")
     return int(v)
 
 

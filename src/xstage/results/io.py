@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from xstage.bounds import INT64_MAX
 from xstage.env import UNKNOWN_COMMITS, environment
 from xstage.errors import InputError
 
@@ -339,15 +340,18 @@ def cell_number(row: Mapping, column: str, at: str, *, optional: bool = False, p
 
 
 def cell_count(row: Mapping, column: str, at: str, minimum: int = 1) -> int:
-    """`row[column]` as an integer >= `minimum` (a size or a count)."""
+    """`row[column]` as an integer in `minimum..INT64_MAX` (a size or a count, as the code holds it)."""
     text = cell_text(row, column, at)
     try:
         v = int(text)
     except ValueError:
-        raise InputError(f"{at}, column {column}: {text!r} is not an integer") from None
+        raise InputError(f"{at}, column {column}: {text[:40]!r}{'...' if len(text) > 40 else ''} is not an "
+                         "integer") from None
     if v < minimum:
         need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise InputError(f"{at}, column {column}: {text}: must be {need}")
+    if v > INT64_MAX:
+        raise InputError(f"{at}, column {column}: {text[:20]}... ({len(text)} digits): must be at most {INT64_MAX}")
     return v
 
 
