@@ -102,6 +102,7 @@ def test_bad_inputs(device):
     ("chunk_rows", 2**20, "config.chunk_rows=1048576: must be a power of two in 0..1024"),
     ("block_m", 32.0, "config.block_m=32.0: must be an integer"),
     ("use_tma", "yes", "config.use_tma='yes': must be None, True or False"),
+    ("use_tma", torch.tensor([1, 2]), "config.use_tma=tensor([1, 2]): must be None, True or False"),  # a RuntimeError
 ])
 def test_config_is_checked_when_made(field, value, match):
     with pytest.raises(InputError, match="^" + re.escape(match)):

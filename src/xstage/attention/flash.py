@@ -104,7 +104,7 @@ class FlashConfig:
         if not 0 <= self.chunk_rows <= MAX_FLASH_BLOCK or self.chunk_rows & (self.chunk_rows - 1):
             raise InputError(f"config.chunk_rows={self.chunk_rows}: must be a power of two in 0..{MAX_FLASH_BLOCK} "
                              "(0: the default)")
-        if self.use_tma not in (None, True, False):
+        if not (self.use_tma is None or isinstance(self.use_tma, bool)):
             raise InputError(f"config.use_tma={self.use_tma!r}: must be None, True or False")
 
 
