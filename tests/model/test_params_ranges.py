@@ -72,3 +72,25 @@ def test_the_command_line_refuses_such_a_profile_in_one_line(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "PathParams.r0=1e-300: must be a finite number in 1e+06..1e+15 B/s" in err[0]
+
+
+def test_closed_forms_and_simulators_name_arguments_of_the_wrong_type_or_size():
+    """Found by tests/test_fuzz_api.py: None, text or True raised TypeError or AttributeError, and
+    n_sm=2**40 allocated a slot list until the memory ran out."""
+    from xstage.model import path_simulator, simulate_bursts
+
+    p = load_default_profile("host").params
+    for call, match in (
+            (lambda: closed_form.burst(None, 65536.0), r"^params: must be PathParams, got NoneType$"),
+            (lambda: closed_form.burst(p, None), r"^nbytes must be a finite number of bytes > 0, got None$"),
+            (lambda: closed_form.burst(p, 65536.0, state=None), r"^state: must be an IssuerState"),
+            (lambda: closed_form.onset_bytes(p, backlog="0"), r"^backlog must be a finite number of bytes"),
+            (lambda: closed_form.periodic_issue_times(p, 4096.0, 0.0, 2**40), r"^n_bursts=1099511627776: must"),
+            (lambda: path_simulator(p, 2**40), r"^n_sm=1099511627776: must be an integer in 1\.\.131072"),
+            (lambda: path_simulator(p, 2, multiplicity=" "), r"^multiplicity: must be a list of finite numbers"),
+            (lambda: path_simulator(p, 2, weights=True), r"^weights: must be a list of finite numbers, got bool"),
+            (lambda: path_simulator(p, 2, engine=[]), r"^engine \[\]: must be one of fast, reference$"),
+            (lambda: simulate_bursts(p, [[("64", 0.0)]]), r"^programs\[0\]\[0\] must be \(burst_bytes, gap_ns\)$"),
+            (lambda: simulate_bursts(p, [[(64, 0.0)]], start_ns=["x"]), r"^start_ns\[0\]='x': must be")):
+        with pytest.raises(InputError, match=match):
+            call()

@@ -36,9 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
+from xstage.bounds import check_instance, check_int
 from xstage.errors import InputError
 from xstage.model.params import NS, PathParams
+
+MAX_BURSTS = 1 << 20  # bursts of one periodic train: each is one step of a loop here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,16 +53,32 @@ class IssuerState:
     tokens: float | None = None
 
 
+def _real(v, name: str, what: str, positive: bool = False) -> float:
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool)
+    if not (ok and math.isfinite(v) and (v > 0 if positive else v >= 0)):
+        raise InputError(f"{name} must be {what}, got {v!r}")
+    return float(v)
+
+
 def _check_bytes(nbytes: float, name: str = "nbytes") -> float:
-    if not (nbytes > 0 and math.isfinite(nbytes)):
-        raise InputError(f"{name} must be a finite number of bytes > 0, got {nbytes!r}")
-    return float(nbytes)
+    return _real(nbytes, name, "a finite number of bytes > 0", positive=True)
 
 
 def _check_time(t: float, name: str) -> float:
-    if not (t >= 0 and math.isfinite(t)):
-        raise InputError(f"{name} must be a finite time >= 0 ns, got {t!r}")
-    return float(t)
+    return _real(t, name, "a finite time >= 0 ns")
+
+
+def _symmetric(params: PathParams, n_sm: int) -> PathParams:
+    """The equivalent single issuer of `n_sm` SMs (`PathParams.symmetric`), `params` checked first."""
+    return check_instance(params, "params", PathParams, "PathParams").symmetric(n_sm)
+
+
+def _check_state(state: IssuerState) -> IssuerState:
+    check_instance(state, "state", IssuerState, "an IssuerState")
+    _real(state.backlog, "backlog", "a finite number of bytes >= 0")
+    if state.tokens is not None:
+        _real(state.tokens, "tokens", "a finite number of bytes >= 0")
+    return state
 
 
 def _duration_s(p: PathParams, nbytes: float, q: float, k: float) -> float:
@@ -94,9 +114,8 @@ def burst(params: PathParams, nbytes: float, state: IssuerState = IssuerState(),
     Times in ns from the burst's start (t0 included). `state` is the issuer's state at that start.
     """
     nbytes = _check_bytes(nbytes)
-    if state.backlog < 0:
-        raise InputError(f"backlog must be >= 0 bytes, got {state.backlog!r}")
-    p = params.symmetric(n_sm)
+    _check_state(state)
+    p = _symmetric(params, n_sm)
     tokens = p.b_fast if state.tokens is None else state.tokens
     issue, q_end, k_end, cpl = burst_raw(p, nbytes, state.backlog, tokens)
     free = burst_raw(p.replace(capacity=math.inf), nbytes, state.backlog, tokens)[0]
@@ -140,7 +159,8 @@ def onset_bytes(params: PathParams, backlog: float = 0.0, n_sm: int = 1) -> floa
 
     Empty first stage and `b_fast = 0`: `C r0 / (r0 - D)` (burst-gap.md's `B_crit`).
     """
-    p = params.symmetric(n_sm)
+    backlog = _real(backlog, "backlog", "a finite number of bytes >= 0")
+    p = _symmetric(params, n_sm)
     q, k = max(0.0, backlog - p.drain * p.t0 * NS), p.b_fast
     room = p.capacity - q
     if room <= 0:
@@ -163,7 +183,8 @@ def onset_bytes(params: PathParams, backlog: float = 0.0, n_sm: int = 1) -> floa
 def after_gap(params: PathParams, state: IssuerState, gap_ns: float, n_sm: int = 1) -> IssuerState:
     """Issuer state after a compute gap: the X-Stage drains, the first stage refills."""
     gap_ns = _check_time(gap_ns, "gap_ns")
-    p = params.symmetric(n_sm)
+    _check_state(state)
+    p = _symmetric(params, n_sm)
     tokens = None if state.tokens is None else min(p.b_fast, state.tokens + p.r0 * gap_ns * NS)
     return IssuerState(max(0.0, state.backlog - p.drain * gap_ns * NS), tokens)
 
@@ -180,8 +201,7 @@ def two_burst_issue_time(params: PathParams, b1: float, gap_ns: float, b2: float
 def periodic_issue_times(params: PathParams, nbytes: float, gap_ns: float, n_bursts: int,
                          n_sm: int = 1) -> list[float]:
     """Issue times (ns) of `n_bursts` bursts of `nbytes`, each followed by `gap_ns` of compute."""
-    if n_bursts < 1:
-        raise InputError(f"n_bursts must be >= 1, got {n_bursts}")
+    n_bursts = check_int(n_bursts, "n_bursts", 1, MAX_BURSTS, "bursts in the train")
     state, out = IssuerState(), []
     for _ in range(n_bursts):
         b = burst(params, nbytes, state, n_sm)
@@ -198,7 +218,7 @@ def periodic_onset_index(params: PathParams, nbytes: float, gap_ns: float, n_sm:
     """
     nbytes = _check_bytes(nbytes)
     gap_ns = _check_time(gap_ns, "gap_ns")
-    p = params.symmetric(n_sm)
+    p = _symmetric(params, n_sm)
     if p.b_fast > 0:
         state = IssuerState()
         for i in range(1, 100_001):
@@ -228,7 +248,7 @@ def periodic_steady_issue_time(params: PathParams, nbytes: float, gap_ns: float,
     """
     nbytes = _check_bytes(nbytes)
     gap_ns = _check_time(gap_ns, "gap_ns")
-    p = params.symmetric(n_sm)
+    p = _symmetric(params, n_sm)
     loaded = periodic_onset_index(params, nbytes, gap_ns, n_sm) is not None
     if not loaded:
         p = p.replace(capacity=math.inf, c_sm=math.inf)

@@ -24,12 +24,16 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 from numba import njit
 
+from xstage.bounds import MAX_SMS, check_int, check_sequence
 from xstage.errors import InputError
 from xstage.model.params import NS, PathParams
+
+MAX_SLOTS = MAX_SMS * 32  # SM slots (or CTAs) one simulation plays: every resident CTA of the largest GPU
 
 _TOL_B = 1e-6
 _IDLE, _OVERHEAD, _ISSUING = 0, 1, 2
@@ -319,20 +323,26 @@ def play_programs(params: PathParams, programs, starts, multiplicity=None, weigh
             [b_bytes[ix] for ix in per_sm], sim.mult.tolist())
 
 
+def real_list(values, name: str) -> list[float]:
+    """`values` as floats: a list (or other sequence) of finite real numbers, else `InputError`."""
+    out = [float(v) for v in check_sequence(values, name, numbers.Real, "finite numbers")]
+    if not all(math.isfinite(v) for v in out):
+        raise InputError(f"{name}: must be a list of finite numbers, got {values!r:.80}")
+    return out
+
+
 def check_simulator_args(params, n_sm, multiplicity, weights) -> tuple[int, list[float], list[float]]:
     """Both engines' arguments checked the same way: (SM slots, multiplicities, drain weights)."""
     if not isinstance(params, PathParams):
         raise InputError("params must be a PathParams")
-    if int(n_sm) != n_sm or n_sm < 1:
-        raise InputError(f"n_sm must be an integer >= 1, got {n_sm!r}")
-    n = int(n_sm)
-    mult = [1.0] * n if multiplicity is None else [float(m) for m in multiplicity]
-    if len(mult) != n or any(m < 1 or m != int(m) for m in mult):
-        raise InputError(f"multiplicity must list {n} integers >= 1")
+    n = check_int(n_sm, "n_sm", 1, MAX_SLOTS, "SM slots of the simulation")
+    mult = [1.0] * n if multiplicity is None else real_list(multiplicity, "multiplicity")
+    if len(mult) != n or any(not 1 <= m <= MAX_SLOTS or m != int(m) for m in mult):
+        raise InputError(f"multiplicity must list {n} integers in 1..{MAX_SLOTS}")
     if weights is None:
         weights = class_weights(params, mult)
-    wts = [float(w) for w in weights]
-    if len(wts) != n or any(not (w > 0 and math.isfinite(w)) for w in wts):
+    wts = real_list(weights, "weights")
+    if len(wts) != n or any(not w > 0 for w in wts):
         raise InputError(f"weights must list {n} finite numbers > 0")
     return n, mult, wts
 

@@ -40,7 +40,7 @@ from collections import deque
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.model.fastsim import FastPathSimulator, check_simulator_args, play_programs
+from xstage.model.fastsim import MAX_SLOTS, FastPathSimulator, check_simulator_args, play_programs, real_list
 from xstage.model.params import NS, PathParams
 
 _TOL_B = 1e-6
@@ -324,15 +324,18 @@ class BurstResult:
 
 
 def _check_programs(programs) -> list[list[tuple[float, float]]]:
-    if not isinstance(programs, (list, tuple)) or not programs:
-        raise InputError("programs must be a non-empty list (one list of (burst_bytes, gap_ns) per SM)")
+    if not isinstance(programs, (list, tuple)) or not programs or len(programs) > MAX_SLOTS:
+        raise InputError(f"programs must be a non-empty list of at most {MAX_SLOTS} (one list of (burst_bytes, "
+                         "gap_ns) per SM)")
     out = []
     for sm, prog in enumerate(programs):
+        if not isinstance(prog, (list, tuple)):
+            raise InputError(f"programs[{sm}] must be a list of (burst_bytes, gap_ns)")
         items = []
         for j, item in enumerate(prog):
             try:
-                b, g = float(item[0]), float(item[1])
-            except (TypeError, ValueError, IndexError):
+                b, g = real_list(item, f"programs[{sm}][{j}]")
+            except (InputError, ValueError):
                 raise InputError(f"programs[{sm}][{j}] must be (burst_bytes, gap_ns)") from None
             if not (b > 0 and math.isfinite(b)):
                 raise InputError(f"programs[{sm}][{j}]: burst_bytes must be > 0, got {b!r}")
@@ -349,6 +352,8 @@ ENGINES = ("fast", "reference")
 def path_simulator(params: PathParams, n_sm: int, multiplicity=None, weights=None, engine: str = "fast"):
     """A path simulator on `engine`: "fast" (`xstage.model.fastsim`, compiled) or "reference" (this
     module's `PathSimulator`, kept for the tests that hold the fast one to it)."""
+    if not isinstance(engine, str):
+        raise InputError(f"engine {engine!r}: must be one of {', '.join(ENGINES)}")
     if engine == "fast":
         return FastPathSimulator(params, n_sm, multiplicity, weights)
     if engine == "reference":
@@ -365,7 +370,9 @@ def simulate_bursts(params: PathParams, programs, start_ns=None, multiplicity=No
     """
     progs = _check_programs(programs)
     n = len(progs)
-    starts = [0.0] * n if start_ns is None else [float(s) for s in start_ns]
+    starts = [0.0] * n if start_ns is None else real_list(start_ns, "start_ns")
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise InputError(f"engine {engine!r}: must be one of {', '.join(ENGINES)}")
     if len(starts) != n or any(not (s >= 0 and math.isfinite(s)) for s in starts):
         raise InputError(f"start_ns must list {n} finite times >= 0 ns")
     if engine == "fast":
