@@ -24,6 +24,14 @@ def test_error_code_round_trip():
         error_code(0, 1)
     with pytest.raises(InputError, match="peer"):
         error_code(1, 1 << 16)
+    # found by tests/test_fuzz_api.py: TypeError and OverflowError
+    for call, match in ((lambda: error_code(1.5, 0), r"^stage=1\.5: must be an integer"),
+                        (lambda: error_code(1, None), r"^peer=None: must be an integer"),
+                        (lambda: decode_error(float("inf")), r"^word=inf: must be an integer"),
+                        (lambda: decode_error(""), r"^word='': must be an integer")):
+        with pytest.raises(InputError, match=match):
+            call()
+    assert decode_error(torch.tensor(error_code(3, 1))) == (3, 1)
 
 
 def test_register_stage_names_and_refuses_renames():

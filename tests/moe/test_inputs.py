@@ -7,6 +7,7 @@ import torch
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe.buffer import BlockConfig
+from xstage.moe.layout import transform_weights
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.problem import parse_block
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
@@ -254,6 +255,11 @@ def test_variants_refuse_absurd_pacings(text, match):
 
 
 @pytest.mark.parametrize("call, match", [
+    (lambda: loopback_inputs(torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.long), torch.rand(4, 2),
+                             torch.zeros(1, 12, 8), torch.zeros(1, 8, 6), 2**40),
+     r"^num_ranks=1099511627776: must be an integer in 1\.\.1024"),  # it built 2**40 copies: a hang
+    (lambda: transform_weights(None, torch.zeros(2, 64, 32), 16), r"^l1: must be a 3-d weight tensor, got NoneType$"),
+    (lambda: transform_weights(torch.zeros(2, 64, 64), torch.zeros(2, 64, 32), "16"), r"^block_n1='16': must be"),
     (lambda: parse_variants(1048576), r"^--schedules 1048576: expected a str"),
     (lambda: parse_block(True, 512), r"^block True: expected a string BM:BN1:BN2:BK:WARPS:STAGES\[:FLAGS\] or None$"),
     (lambda: parse_block("64:64:128:32:4:2", "512"), r"^hidden='512': must be an integer in 1\.\.65536"),

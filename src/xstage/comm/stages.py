@@ -20,6 +20,9 @@ readable stage name.
 
 from __future__ import annotations
 
+import torch
+
+from xstage.bounds import check_int
 from xstage.errors import InputError
 
 PEER_BITS = 16
@@ -53,14 +56,14 @@ def stage_name(code: int) -> str:
 
 def error_code(stage: int, peer: int) -> int:
     """The value a kernel writes into the error word for a timeout at `stage` waiting on `peer`."""
-    if not 1 <= stage <= MAX_STAGE:
-        raise InputError(f"stage {stage}: must be in 1..{MAX_STAGE}")
-    if not 0 <= peer < (1 << PEER_BITS):
-        raise InputError(f"peer {peer}: must be in 0..{(1 << PEER_BITS) - 1}")
+    stage = check_int(stage, "stage", 1, MAX_STAGE, "stage id of the wait")
+    peer = check_int(peer, "peer", 0, (1 << PEER_BITS) - 1, "rank waited on")
     return (stage << PEER_BITS) | peer
 
 
 def decode_error(word: int) -> tuple[int, int]:
     """(stage, peer) from an error word; (0, 0) means no error."""
-    word = int(word)
+    if isinstance(word, torch.Tensor) and word.numel() == 1:
+        word = word.item()
+    word = check_int(word, "word", 0, (MAX_STAGE << PEER_BITS) | ((1 << PEER_BITS) - 1), "an error word")
     return word >> PEER_BITS, word & ((1 << PEER_BITS) - 1)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xstage.bounds import check_instance, check_int
 from xstage.errors import InputError
 
 
@@ -52,6 +53,9 @@ def transform_weights(l1: torch.Tensor, l2: torch.Tensor, block_n1: int, l1_scal
         return (w1t.view(l1.dtype), s1t), (w2.view(l2.dtype), s2)
     if l2_scale is not None:
         raise InputError("l2_scale: only goes with FP8 weights and l1_scale")
+    for name, t in (("l1", l1), ("l2", l2)):
+        check_instance(t, name, torch.Tensor, "a 3-d weight tensor")
+    block_n1 = check_int(block_n1, "block_n1", 1, 1 << 16, "weight rows per N tile of Linear-1")
     if l1.dim() != 3 or l2.dim() != 3:
         raise InputError(f"l1, l2: expected 3-d [E, 2I, H] and [E, H, I], got {tuple(l1.shape)}, {tuple(l2.shape)}")
     e, two_i, h = l1.shape

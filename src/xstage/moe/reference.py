@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from xstage.bounds import MAX_RANKS, check_instance, check_int
 from xstage.errors import InputError
 
 
@@ -138,6 +139,10 @@ def loopback_inputs(x, topk_idx, topk_w, l1, l2, num_ranks: int):
     synthesise from its own tokens, and every row a peer would send back equals one rank 0 computes.
     Returns `(xs, idx, ws, l1s, l2s)` lists for `reference_moe_virtual`; `y` of rank 0 is the target.
     """
+    num_ranks = check_int(num_ranks, "num_ranks", 1, MAX_RANKS, "ranks the loopback run stands for")
+    check_instance(l1, "l1", torch.Tensor, "a tensor [experts per rank, 2I, H]")
+    if l1.dim() != 3:
+        raise InputError(f"l1: expected a 3-d tensor [experts per rank, 2I, H], got shape {tuple(l1.shape)}")
     e_local = l1.shape[0]
     num_experts = e_local * num_ranks
     check_topk_idx(topk_idx, num_experts)
