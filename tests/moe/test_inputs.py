@@ -117,6 +117,8 @@ def test_reference_refuses_malformed_topk_idx():
         reference_moe_virtual(xs, idx[:1], ws, l1, l2)
     with pytest.raises(InputError, match=r"topk_idx: expert id 99 is outside \[0, 8\)"):
         loopback_inputs(xs[0], torch.tensor([[0, 99]]), ws[0][:1], l1[0], l2[0], num_ranks=4)
+    with pytest.raises(InputError, match=r"topk_idx: must be a 2-d \[tokens, topk\] tensor of expert ids \(holding"):
+        loopback_inputs(xs[0], idx[0].to("meta"), ws[0], l1[0], l2[0], num_ranks=2)  # .item() raised
 
 
 # ---- MoEBuffer, Problem and fused_moe: every number, the group, the device and the dtype -----------
@@ -209,6 +211,7 @@ def test_bf16_is_refused_by_name_in_the_interpreter_before_any_work():
     (dict(ep=3), r"^ep=3: must divide the 4 experts of H64-I32-E4-K2$"),
     (dict(ep=0.5), r"^ep=0\.5: must be an integer in 1\.\.1024"),
     (dict(seed=None), r"^seed=None: must be an integer in 0\.\.9223372036854775806"),  # was a TypeError
+    (dict(cfg=torch.tensor([1, 2])), r"^cfg: must be a BlockConfig or None, got Tensor$"),  # was a RuntimeError
     (dict(shape="H64-I32-E4-K5"), r"^shape='H64-I32-E4-K5': K=5: must be an integer in 1\.\.4"),
     (dict(shape=(64, 32.5, 4, 2)), r"^shape=\(64, 32\.5, 4, 2\): I=32\.5: must be an integer in 1\.\.65536"),
 ])

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 
 from xstage.backend import refuse_interpreter_bf16, resolve_device
-from xstage.bounds import INT64_MAX, MAX_RANKS, check_int, label
+from xstage.bounds import INT64_MAX, MAX_RANKS, check_instance, check_int, label
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import InputError
 from xstage.moe.buffer import (
@@ -142,6 +142,7 @@ class Problem:
     def __init__(self, shape, tokens: int, ep: int, path: str, cfg: BlockConfig | None = None, device=None,
                  dtype="bf16", seed: int = 0, pacing="default"):
         H, I, E, K = self.shape = MoeShape.parse(shape)
+        check_instance(cfg, "cfg", (BlockConfig, type(None)), "a BlockConfig or None")
         dtype = parse_dtype(dtype, allowed=(*DTYPES, *FP8_DTYPES))
         refuse_interpreter_bf16(dtype)  # before any tensor is drawn
         tokens = check_int(tokens, "tokens", 1, MAX_TOKENS_PER_RANK, "tokens per rank")

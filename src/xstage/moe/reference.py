@@ -51,8 +51,8 @@ def _expert_outputs(rows: torch.Tensor, experts: torch.Tensor, l1: torch.Tensor,
 
 def check_topk_idx(topk_idx: torch.Tensor, num_experts: int, label: str = "topk_idx") -> None:
     """Refuse expert ids outside [0, num_experts) or a non-integer / non-2-d `topk_idx` (`InputError`)."""
-    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2:
-        raise InputError(f"{label}: must be a 2-d [tokens, topk] tensor of expert ids")
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or topk_idx.is_meta:
+        raise InputError(f"{label}: must be a 2-d [tokens, topk] tensor of expert ids (holding data)")
     if topk_idx.dtype.is_floating_point or topk_idx.dtype.is_complex or topk_idx.dtype == torch.bool:
         raise InputError(f"{label}: must hold integer expert ids, got dtype {topk_idx.dtype}")
     if topk_idx.numel():
