@@ -1,8 +1,20 @@
-"""Markers `gpu` / `multi_gpu` become skips where the hardware is absent; CPU runs use Triton's interpreter."""
+"""Markers `gpu` / `multi_gpu` become skips where the hardware is absent; CPU runs use Triton's interpreter.
+
+Hypothesis profiles: `ci` (the default) replays the same examples on every run (`derandomize`), so a
+red CI is never a roll of the dice, and keeps no example database; `dev` (`HYPOTHESIS_PROFILE=dev`)
+draws ten times as many examples at random and remembers failing ones in `.hypothesis/`. Neither
+has a deadline: the property tests run their examples under their own watchdog
+(`tests/fuzzing.py`), which fails a hang instead of timing a slow CI machine.
+"""
 
 import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=1000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 try:
     import torch
