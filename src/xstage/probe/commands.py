@@ -78,7 +78,8 @@ def run_probe(args) -> int:
     measuring = not args.analyse_only
     outs, out = _outputs(args, sweeps, measuring)
     if measuring:  # the slice is checked before the GPU is looked for, like every other argument
-        select([{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))], args.only)
+        if args.only:
+            select([{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))], args.only)
         if not has_gpu():
             raise InputError("measuring needs a CUDA GPU (in the CPU interpreter every timer reads 0); --plan and "
                              "--analyse-only run anywhere")
