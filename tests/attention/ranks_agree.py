@@ -164,4 +164,9 @@ def worker(rank, world, init_file, result_file, use_gpu):
     finally:
         with open(f"{result_file}.{rank}", "w") as f:
             f.write("\n".join(failures) or "ok")
-        dist.destroy_process_group()
+        try:
+            # every rank leaves its last collective before any tears the group down: a rank that
+            # destroyed it while a peer still talked to it made that peer's process abort at exit
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()

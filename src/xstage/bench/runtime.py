@@ -183,6 +183,9 @@ class Runtime:
 
     def close(self) -> None:
         if dist.is_initialized():
+            # every rank is past its last collective before the group goes: a rank tearing it down while
+            # a peer still sent to it ended that peer in "Connection closed by peer"
+            dist.barrier(group=self.group)
             dist.destroy_process_group()
 
     def __enter__(self) -> Runtime:
