@@ -415,13 +415,13 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     """
     if not isinstance(buf, MoEBuffer):
         raise InputError(f"buf: expected a MoEBuffer, got {type(buf).__name__}")
-    if plan_on not in ("host", "device") or (static and plan_on == "device"):
-        raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' ('device' plans every call itself: "
-                         "not with static=True)")
     refuse_interpreter_bf16(buf.dtype, "buf.dtype")  # as on every rank: the buffer's dtype is the group's
     try:
         for flag, value in (("check", check), ("static", static)):
             check_instance(value, flag, bool, "True or False")
+        if plan_on not in ("host", "device") or (static and plan_on == "device"):
+            raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' ('device' plans every call itself: "
+                             "not with static=True)")
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
