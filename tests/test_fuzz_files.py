@@ -197,13 +197,14 @@ def _read_moe_csv(p):
 
 
 def _read_grid(p):
-    from xstage.bench.ulysses import read_grid
+    from xstage.bench.ulysses_report import read_grid
 
     return read_grid(p)
 
 
 def _tuned(p):
-    from xstage.bench.ulysses import read_core, tuned_configs
+    from xstage.bench.ulysses import tuned_configs
+    from xstage.bench.ulysses_report import read_core
 
     read_core(p)
     return tuned_configs(p)
