@@ -260,9 +260,21 @@ def test_plan_on_is_checked():
     buf = _buffer(4, 2, 2, 1, CFG)
     x = torch.zeros(4, 64, dtype=torch.float16)
     idx = torch.zeros(4, 2, dtype=torch.int64)
-    for bad, kw in (("gpu", {}), ("device", {"static": True})):
+    for bad, kw in (("gpu", {}), ("host", {"static": True})):
         with pytest.raises(InputError, match="plan_on="):
             fused_moe(x, idx, torch.ones(4, 2), None, None, buf, plan_on=bad, **kw)
+
+
+def test_static_is_deprecated_and_plans_on_the_device():
+    buf = _buffer(8, 4, 2, 2, CFG)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 64, generator=gen).half()
+    idx = torch.stack([torch.randperm(4, generator=gen)[:2] for _ in range(8)])
+    w = torch.rand(8, 2, generator=gen)
+    w1t, w2 = _weights(4, 64, 32, torch.float16, gen, CFG.block_n1)
+    with pytest.warns(DeprecationWarning, match="static=True"):
+        y = fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", static=True)
+    assert torch.equal(y, fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", plan_on="host"))
 
 
 def _weights(E_local, H, I, dtype, gen, bn1):

@@ -514,14 +514,16 @@ def check_pool_fits(name: str, buf: MoEBuffer) -> None:
 
 
 def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer, schedule: str, ctas: int,
-                pacing: StorePacing | None = None, loopback: bool = True, programs: int | None = None) -> DevicePlan:
+                pacing: StorePacing | None = None, loopback: bool = True, programs: int | None = None,
+                compile_only: bool = False) -> DevicePlan | None:
     """Launch the prologue for a built-in order `schedule` (checked against the pool by the caller).
 
     Routing of source s, token t, slot k: `loopback`: `idx[t, k]` shifted by s E_local (the loopback
     group's synthesised peers); else `idx.view(-1)[idx_delta[s] + t K + k]` (a real group: `idx` is
     this rank's symmetric routing buffer, the deltas reach the peers' copies). `rows_per_source`
     tokens per source; `programs` overrides the grid (at most the SMs; tests use it in the
-    interpreter, where the phases then run as separate launches)."""
+    interpreter, where the phases then run as separate launches). `compile_only`: compile the GPU
+    launch (or load it from Triton's cache) without running it."""
     base, k = builtin_order(schedule)
     st, c = _scratch(buf), buf.cfg
     on_gpu = _on_gpu(buf)
@@ -548,6 +550,9 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
                   BE=_BE, BU=min(64, 4096 // c.block_m), BT=_BT,
                   GB=max(1, min(triton.next_power_of_2(st.programs_max), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
                   PE=_PE_ROWS, UC=_UNIT_COLS, **({"num_warps": 4} if on_gpu else {}))
+    if compile_only:
+        moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
+        return None
     if on_gpu or programs == 1:
         moe_plan_kernel[(programs,)](*args, FIRST=1, LAST=4, WAIT=on_gpu, **consts)
     else:
@@ -576,3 +581,16 @@ def device_plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None
                            loopback=True, programs=programs)
     return plan_tables(buf.idx_buf, st.idx_delta, buf.T_max, buf.rank, buf, schedule, ctas, pacing,
                        loopback=False, programs=programs)
+
+
+def precompile_prologue(buf: MoEBuffer, schedule: str) -> None:
+    """Compile the prologue of a real group's call for the order `schedule` (nothing for a custom
+    order, planned on the host), once per buffer and order: `fused_moe` does it before the group's
+    barrier, so a rank's first compile never holds up its peers' waits."""
+    base = builtin_order(schedule)
+    key = ("prologue compiled", None if base is None else base[0])
+    if base is None or key in buf._plans:
+        return
+    plan_tables(buf.idx_buf, _scratch(buf).idx_delta, buf.T_max, buf.rank, buf, schedule, num_ctas(buf),
+                loopback=buf.loopback, compile_only=True)
+    buf._plans[key] = True

@@ -27,6 +27,8 @@ Example (on a machine without a GPU, Triton's CPU interpreter; fp16 there, see `
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 
@@ -207,26 +209,6 @@ def _unit_dest_rows(lay, n_units: int, bm: int, buf: MoEBuffer):
     return out.numpy()
 
 
-def static_plan(topk_idx, buf: MoEBuffer, schedule: str, pacing="buffer") -> _Plan:
-    """A plan with no host synchronisation (CUDA-graph capturable): the schedule covers all
-    `buf.units_cap` unit slots with a nominal even split over experts, built once per schedule name;
-    slots the routing leaves empty are skipped by the kernel. `units_cap` covers every legal routing."""
-    pacing = call_pacing(pacing, buf, buf.T_max, num_ctas(buf), schedule)
-    schedule = _resolve_schedule(schedule, buf, buf.T_max, num_ctas(buf), pacing)
-    key = ("static", schedule, num_ctas(buf))
-    cached = buf._plans.get(key)
-    if cached is None:
-        U, el = buf.units_cap, buf.E_local
-        experts = [min(el - 1, u * el // U) for u in range(U)]
-        n2 = -(-buf.H // buf.cfg.block_n2)
-        sched = make_schedule(schedule, experts, num_ctas(buf), buf.I // buf.cfg.block_n1, n2,
-                              block_m=buf.cfg.block_m, pool_units=buf.pool_units)
-        cached = buf._plans[key] = _Plan(None, sched, buf.device, buf.cfg.dynamic)
-    lay = routing_layout(_all_topk(topk_idx, buf), buf.rank, buf.E_local, buf.cfg.block_m, buf.rows_cap,
-                         buf.units_cap, buf.T_max, buf.pool_units)
-    return _Plan(lay, cached.schedule, buf.device, buf.cfg.dynamic, cached.tasks, cached.cta_start, pacing)
-
-
 def _bounds(buf: MoEBuffer, timeout_ns: int | None):
     """(USE_PTX, timeout argument, poll bound) of the kernels' waits; `timeout_ns` None: the buffer's
     watchdog (`MoEBuffer.timeout_ns`)."""
@@ -358,13 +340,21 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
     return y
 
 
-def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns: int | None) -> None:
-    """Compile both kernels, or load them from Triton's cache, before the group's barrier: a rank's
-    first-call compile then never holds up its peers' waits. Once per buffer and pacing switch (the
-    only launch-time choice that changes the compiled kernel); a GPU-only step (the interpreter
-    compiles nothing)."""
+def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns: int | None,
+                schedule: str | None = None) -> None:
+    """Compile both kernels, and the device plan's prologue for `schedule` (None: planned on the host),
+    or load them from Triton's cache, before the group's barrier: a rank's first-call compile then never
+    holds up its peers' waits. Once per buffer and pacing switch (the only launch-time choice that
+    changes the main kernel) and per order (the prologue's); a GPU-only step (the interpreter compiles
+    nothing)."""
+    if buf.device.type != "cuda" or interpreter_active():
+        return
+    if schedule is not None:
+        from xstage.moe.device_plan import precompile_prologue  # it builds on this module
+
+        precompile_prologue(buf, _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), num_ctas(buf), pacing))
     key = ("compiled", pacing is not None)
-    if key in buf._plans or buf.device.type != "cuda" or interpreter_active():
+    if key in buf._plans:
         return
     # The layout's shapes and types are what compilation needs: this rank's own routing stands in for
     # the group's (which is not known before the barrier).
@@ -390,7 +380,7 @@ def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tens
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
               timeout_ns: int | None = None, check: bool = True, static: bool = False,
-              pacing="buffer", plan_on: str = "host") -> torch.Tensor:
+              pacing="buffer", plan_on: str = "device") -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
 
     FP8 (a buffer with `dtype="fp8"`): `x` is BF16 `[T, H]`, quantized here 1x128, or a pre-quantized
@@ -415,13 +405,15 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     """
     if not isinstance(buf, MoEBuffer):
         raise InputError(f"buf: expected a MoEBuffer, got {type(buf).__name__}")
+    if static is True:
+        warnings.warn("fused_moe(static=True) is no longer needed: a call with a built-in order plans on the "
+                      "device and can be captured in a CUDA graph", DeprecationWarning, stacklevel=2)
     refuse_interpreter_bf16(buf.dtype, "buf.dtype")  # as on every rank: the buffer's dtype is the group's
     try:
         for flag, value in (("check", check), ("static", static)):
             check_instance(value, flag, bool, "True or False")
-        if plan_on not in ("host", "device") or (static and plan_on == "device"):
-            raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' ('device' plans every call itself: "
-                             "not with static=True)")
+        if plan_on not in ("host", "device") or (static and plan_on == "host"):
+            raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' (static=True plans on the device)")
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
@@ -435,9 +427,9 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     x = quantize_inputs(x, buf)
     rows = x[0] if buf.fp8 else x
     if not buf.loopback:
-        tokens = buf.T_max if static else int(rows.shape[0])
         _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf,
-                    call_pacing(pacing, buf, tokens, num_ctas(buf), schedule), timeout_ns)
+                    call_pacing(pacing, buf, int(rows.shape[0]), num_ctas(buf), schedule), timeout_ns,
+                    schedule if plan_on == "device" else None)
         buf.x_buf[: rows.shape[0]].copy_(rows)
         if buf.fp8:
             buf.x_scale_buf[: rows.shape[0]].copy_(x[1])
@@ -449,7 +441,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
 
         p = device_plan(topk_idx, buf, schedule, pacing=pacing)
     else:
-        p = static_plan(topk_idx, buf, schedule, pacing) if static else plan(topk_idx, buf, schedule, pacing=pacing)
+        p = plan(topk_idx, buf, schedule, pacing=pacing)
     y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
     if check:

@@ -2,9 +2,10 @@
 
 Problem: serving stacks trace layers with `torch.compile` and replay them in CUDA graphs. The op
 takes tensors plus the *name* of a registered `MoEBuffer` (like symmetric-memory ops take a group
-name), has a fake implementation for tracing, and runs the host-synchronisation-free path of
-`fused_moe` (static schedule over the buffer's unit slots; counters and signals reset themselves),
-so a captured graph can be replayed.
+name), has a fake implementation for tracing, and runs `fused_moe` with the plan built on the device
+and no host synchronisation (counters and signals reset themselves), so a captured graph can be
+replayed with new routing in the same tensors. A custom order (`register_schedule`) is planned on
+the host and cannot be captured.
 
 FP8 buffers (`MoEBuffer(dtype="fp8")`): `w1t`, `w2` are the e4m3 weights of `transform_weights` with
 their scales in `w1t_scale`, `w2_scale`; `x` is BF16 (quantized inside) or e4m3 with `x_scale`; the
@@ -58,7 +59,7 @@ def moe_fused(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tenso
               x_scale: torch.Tensor | None = None, w1t_scale: torch.Tensor | None = None,
               w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     return fused_moe(_with_scale(x, x_scale), topk_idx, topk_weights, _with_scale(w1t, w1t_scale),
-                     _with_scale(w2, w2_scale), get_buffer(buffer_name), schedule, check=False, static=True,
+                     _with_scale(w2, w2_scale), get_buffer(buffer_name), schedule, check=False,
                      pacing=pacing)
 
 
