@@ -26,9 +26,9 @@ split of experts into waves is sequential, and it runs over experts, not units.
   tasks, and whenever it holds the pool's cap (pool//2 units for expert_wave, pool//3 interleaved).
   One loop over experts carries (wave, fill); each unit's wave follows from its expert's entry.
 - Layout: a stable counting sort. Each program takes a contiguous range of the flattened routing
-  `[R, T, K]`, ranks its entries per expert (pairwise within a block of BE entries, plus a running
-  count), and publishes its per-expert counts; a row then lands at expert start + the counts of
-  earlier programs + its rank.
+  `[R, T, K]`, ranks its entries per expert (a prefix sum over a one-hot [BE, E_local] block, plus
+  a running count kept in registers), and publishes its per-expert counts; a row then lands at
+  expert start + the counts of earlier programs + its rank.
 
 Phases of `moe_plan_kernel` (G programs, G <= SMs, all co-resident): (1) rank the routing; (2) every
 program reduces the G count rows itself (no extra barrier), units per expert, the wave loop, unit_info,
@@ -38,7 +38,7 @@ barrier (an arrival counter, bounded by the buffer's watchdog): 3 for expert_wav
 (programs run one after another) the phases are separate launches instead.
 
 Cost model (device time of the prologue, for the GPU session to hold against measurements):
-  launch + phase 1: R T K / (G BE) blocks of a [BE, BE] comparison each
+  launch + phase 1: R T K / (G BE) blocks of a [BE, E_local] one-hot prefix sum each
   + one barrier per phase boundary (an atomic round trip through L2 and polling)
   + phase 2: G x E_local count words read by every program, and for expert_wave / interleaved a
     dependent scalar loop of E_local iterations (the one sequential step), + units_cap / G unit slots
@@ -227,20 +227,18 @@ def moe_plan_kernel(
     e_lo = pid * span
     e_hi = tl.minimum(e_lo + span, n_ent)
     if FIRST <= 1:
-        # (1) Rank each entry among this program's entries of its expert; count them per expert.
-        tl.store(p_h + o_e, tl.zeros([ELP], tl.int32))
-        tl.debug_barrier()
+        # (1) Rank each entry among this program's entries of its expert; count them per expert. The
+        # running counts stay in registers (a one-hot [BE, ELP] block and its prefix sum): no memory
+        # round trip orders one block after the last.
+        hist = tl.zeros([ELP], tl.int32)
         for c0 in range(e_lo, e_hi, BE):
             o = c0 + o_be
             key, mine = _route(p_idx, p_idx_delta, o, o < e_hi, rank, T, K, E, EL, LOOPBACK)
-            eq = (key[:, None] == key[None, :]) & mine[:, None] & mine[None, :]  # [BE, BE]
-            before = tl.sum((eq & (o_be[None, :] < o_be[:, None])).to(tl.int32), axis=1)
-            total = tl.sum(eq.to(tl.int32), axis=1)
-            base = tl.load(p_h + key, mask=mine, other=0)
-            tl.store(p_rank + o, base + before, mask=mine)
-            tl.debug_barrier()  # every lane has read the running count before the last of a key writes it
-            tl.store(p_h + key, base + total, mask=mine & (before == total - 1))
-            tl.debug_barrier()
+            hot = ((key[:, None] == o_e[None, :]) & mine[:, None]).to(tl.int32)  # [BE, ELP]
+            upto = tl.cumsum(hot, axis=0) + hist[None, :] - 1  # the rank of an entry of each expert
+            tl.store(p_rank + o, tl.sum(hot * upto, axis=1), mask=mine)
+            hist += tl.sum(hot, axis=0)
+        tl.store(p_h + o_e, hist)
         if WAIT and LAST >= 2:
             _grid_barrier(p_bar, G, p_err, p_bar + 2, code, timeout_ns, max_spins, USE_PTX)
     if FIRST <= 2 and LAST >= 2:
@@ -547,7 +545,7 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
             n1, n2, ctas, 2 * ctas, min(k, buf.units_cap), timeout_ns, max_spins, STAGE_PLAN_BARRIER * 65536 + rank)
     consts = dict(BM=c.block_m, ORDER=_ORDER_CODE[base], RR=not c.dynamic, LOOPBACK=loopback, USE_PTX=use_ptx,
                   ELP=st.elp, LOG_E=st.elp.bit_length() - 1, UTOP=utop, LOG_U=utop.bit_length() - 1,
-                  BE=_BE, BU=min(64, 4096 // c.block_m), BT=_BT,
+                  BE=max(16, min(_BE, 8192 // st.elp)), BU=min(64, 4096 // c.block_m), BT=_BT,
                   GB=max(1, min(triton.next_power_of_2(st.programs_max), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
                   PE=_PE_ROWS, UC=_UNIT_COLS, **({"num_warps": 4} if on_gpu else {}))
     if compile_only:
