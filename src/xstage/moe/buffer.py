@@ -39,7 +39,7 @@ multiples of 128, and the blocks match the scale blocks (`block_k` = `block_n1` 
 dividing 128; no TMA loads yet).
 
 Store pacing (`pacing=`, `xstage.moe.pacing`): the pacing of the combine's remote stores.
-`"auto"` (the default) is the planner's choice per call shape (tokens, schedule); `"default"` the
+`"auto"` (the default) is the planner's choice per token bucket and schedule; `"default"` the
 fixed default of the store path (paced on `host`, where that was measured to pay); `"off"` or None
 stores unpaced; `"RATE:BUDGET"` or a `StorePacing` sets rate and budget. Fixed pacings are resolved
 once at construction. A call overrides it with `fused_moe(..., pacing=...)`.
