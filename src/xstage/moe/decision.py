@@ -109,11 +109,11 @@ def decide(buf, schedule: str, pacing, tokens: int, ctas: int) -> MoEDecision:
         token_bucket(tokens, buf.T_max)  # raises the one-line refusal
     hi = _bucket_hi(tokens, buf.T_max)
     key = (schedule, pacing, ctas, hi)
-    cached = buf._decisions.get(key)
-    if cached is not None:
-        return cached
-    # A call that names its pacing runs the order that an "auto" call in this bucket was planned with
-    # under the same pacing: the chooser would answer the same (it ranks orders under that pacing).
+    hit = buf._decisions.get(key)
+    if hit is not None:
+        return hit
+    # A call naming the pacing that an "auto" call of this bucket chose runs that call's order: its
+    # decision asked the chooser this very question (or a forced order answered it for both).
     joint = buf._decisions.get((schedule, AUTO, ctas, hi))
     if joint is not None and joint.pacing == pacing:
         buf._decisions[key] = joint
