@@ -256,6 +256,10 @@ def _apis() -> list[Api]:
         Api("create_context", create_context, lambda: ((), dict(path="hbm", loopback_world=2, rank=1,
                                                                 device="cpu"))),
         Api("MoEBuffer", MoEBuffer, lambda: ((), _moe_buffer())),
+        Api("MoEBuffer.force_decision",
+            lambda tokens, variant: MoEBuffer(**_moe_buffer()).force_decision(tokens, variant),
+            lambda: ((4, "lag:2@off"), {}),
+            {"tokens": st.tuples(SMALL | ANY, SMALL | ANY) | SMALL | ANY, "variant": variant | ANY}),
         Api("Problem", Problem, lambda: (("H128-I128-E4-K2", 8, 2, "hbm"), dict(device="cpu", dtype="fp16")),
             {"shape": near("H64-I32-E4-K2", "H128-I128-E4-K2") | ANY}),  # it allocates the weights: small ones
         Api("MoeConfig.parse", MoeConfig.parse, lambda: (("H512-I256-E16-K2",), dict(tokens_per_rank=32, ep=4)),

@@ -155,10 +155,10 @@ def test_auto_pacing_is_the_planners_pick_for_the_call():
     y_auto = fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved")  # the buffer's "auto"
     y_off = fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved", pacing="off")
     assert torch.equal(y_auto, y_off)  # pacing changes timing, never the output
-    (key, chosen), = [(k, v) for k, v in buf._plans.items() if k[:2] == ("pacing", "interleaved")]
-    _, _, tokens, ctas = key
-    pick = pick_pacing_for_buffer(buf, tokens, ctas, "interleaved")  # the planner, asked directly
-    assert tokens == T and pick in PACING_CANDIDATES and chosen == resolve_pacing(pick, "host", R)
+    (d,) = buf.decisions()  # the one made for the "auto" call; at T = 8 its bucket is 5..8
+    pick = pick_pacing_for_buffer(buf, T, d.ctas, "interleaved")  # the planner, asked directly
+    assert d.bucket == (5, T) and str(d.request) == "interleaved@auto"
+    assert pick in PACING_CANDIDATES and d.pacing == resolve_pacing(pick, "host", R)
 
 
 def test_silent_peer_raises_timeout_not_hang():

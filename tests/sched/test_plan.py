@@ -139,6 +139,23 @@ def test_model_guided_pick_is_the_planner_best():
     assert pick == rows[0].schedule
 
 
+def test_the_buffer_planner_answers_where_its_routing_routes_no_row():
+    from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
+    from xstage.sched.costs import load_default_costs
+    from xstage.sched.moe import routes_rows
+    from xstage.sched.plan import _buffer_config, pick_for_moe_buffer, pick_pacing_for_buffer
+
+    cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
+    buf = MoEBuffer(8, 8, 1, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype="fp16", config=cfg)
+    assert not routes_rows(_buffer_config(buf, 1)) and routes_rows(_buffer_config(buf, 8))
+    with pytest.raises(InputError, match="no rows routed to rank 0"):  # nothing to rank: `plan moe` says so
+        plan_moe(_buffer_config(buf, 1), SLOW_PATH, load_default_costs("moe"), 8)
+    # A call must still run: no remote store to pace, and every order runs no task (the first is kept).
+    assert pick_pacing_for_buffer(buf, 1, 8, None) == "off"
+    assert pick_for_moe_buffer(buf, 1, 8, None) == "expert_wave"
+    assert pick_for_moe_buffer(buf, 1, 8, None, candidates=["lag:2", "expert_wave"]) == "lag:2"
+
+
 def test_auto_pacing_pick_is_the_fastest_schedule_and_pacing():
     from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
     from xstage.moe.pacing import PACING_CANDIDATES, resolve_pacing

@@ -2,10 +2,11 @@
 
 Public pieces: `MoEBuffer` (context), `transform_weights` (weight layout), `reference_moe_virtual`
 and `reference_moe_dist` (plain torch ground truth), `make_schedule` (expert_wave, interleaved,
-lag:k) and `register_schedule`, `Variant` (schedule plus store pacing), `resolve_pacing`, `fused_moe`
-(the fused layer), `MoeShape` / `Problem` (problem definitions), `torch.ops.xstage.moe_fused` (custom
-op, after importing `xstage.moe.op`). The `model_guided` schedule is registered by `xstage.sched`,
-which `import xstage` loads.
+lag:k) and `register_schedule`, `Variant` (schedule plus store pacing), `resolve_pacing`,
+`MoEDecision` (what `model_guided` and `pacing="auto"` run per token bucket: `MoEBuffer.decisions()`,
+`force_decision`), `fused_moe` (the fused layer), `MoeShape` / `Problem` (problem definitions),
+`torch.ops.xstage.moe_fused` (custom op, after importing `xstage.moe.op`). The `model_guided`
+schedule is registered by `xstage.sched`, which `import xstage` loads.
 
 FP8 (in progress; the fused kernel is BF16 only): `quantize_activations`, `quantize_weights` and
 their inverses, `check_fp8_activations`, `check_fp8_weights` and `reference_moe_fp8`, the
@@ -13,6 +14,7 @@ FP8-emulating reference (`xstage.moe.fp8`).
 """
 
 from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.moe.decision import MoEDecision
 from xstage.moe.fp8 import (
     check_fp8_activations,
     check_fp8_weights,
@@ -31,8 +33,8 @@ from xstage.moe.schedule import CANDIDATES, Schedule, make_schedule, register_sc
 from xstage.moe.variant import Variant, parse_variants
 
 __all__ = [
-    "CANDIDATES", "SHAPES", "BlockConfig", "LoopbackGroup", "MoEBuffer", "MoeShape", "Problem", "Schedule",
-    "Variant", "check_fp8_activations", "check_fp8_weights", "dequantize_activations", "dequantize_weights",
+    "CANDIDATES", "SHAPES", "BlockConfig", "LoopbackGroup", "MoEBuffer", "MoEDecision", "MoeShape", "Problem",
+    "Schedule", "Variant", "check_fp8_activations", "check_fp8_weights", "dequantize_activations", "dequantize_weights",
     "fused_moe", "loopback_inputs", "make_schedule", "parse_block", "parse_variants", "quantize_activations",
     "quantize_weights", "reference_moe_dist", "reference_moe_fp8", "reference_moe_virtual", "register_schedule",
     "resolve_pacing", "routing_layout", "schedule_names", "transform_weights", "untransform_l1",

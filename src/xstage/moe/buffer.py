@@ -39,7 +39,7 @@ multiples of 128, and the blocks match the scale blocks (`block_k` = `block_n1` 
 dividing 128; no TMA loads yet).
 
 Store pacing (`pacing=`, `xstage.moe.pacing`): the pacing of the combine's remote stores.
-`"auto"` (the default) is the planner's choice per call shape (tokens, schedule); `"default"` the
+`"auto"` (the default) is the planner's choice per token bucket and schedule; `"default"` the
 fixed default of the store path (paced on `host`, where that was measured to pay); `"off"` or None
 stores unpaced; `"RATE:BUDGET"` or a `StorePacing` sets rate and budget. Fixed pacings are resolved
 once at construction. A call overrides it with `fused_moe(..., pacing=...)`.
@@ -70,8 +70,10 @@ from xstage.comm.pacing import StorePacing
 from xstage.comm.stages import decode_error, register_stage, stage_name
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import CommTimeoutError, InputError
+from xstage.moe.decision import MoEDecision, cached, force, token_bucket
 from xstage.moe.fp8 import BLOCK as FP8_BLOCK  # the DeepSeek-V3 scale block
 from xstage.moe.pacing import AUTO, resolve_pacing
+from xstage.moe.variant import Variant
 
 STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
 STAGE_POOL_SLOT = 37
@@ -260,6 +262,9 @@ class MoEBuffer:
         self.pool_units = self._pool_units(pool_bytes, capacity_factor, elem)
         self._check_size(max_bytes)
         self._plans: dict = {}
+        # Decisions per (request, CTAs, token bucket) and forced variants per bucket (`xstage.moe.decision`).
+        self._decisions: dict = {}
+        self._forced: dict = {}
         self._allocate()
         self._pacing = AUTO if isinstance(pacing, str) and pacing == AUTO else resolve_pacing(
             pacing, self.store_path, self.R)
@@ -311,6 +316,27 @@ class MoEBuffer:
     @property
     def num_local_experts(self) -> int:
         return self.E_local
+
+    def decisions(self) -> list[MoEDecision]:
+        """The decisions cached on this buffer: what `model_guided` (a schedule chosen per call) and
+        `pacing="auto"` run, one per request, CTA count and token bucket (`xstage.moe.decision`)."""
+        return cached(self)
+
+    def force_decision(self, tokens, variant) -> list[tuple[int, int]]:
+        """Force `variant` (`SCHEDULE[@PACING]`, e.g. `"lag:2@off"`) over the planner for calls of
+        `tokens` tokens: a count (its bucket) or a range `(lo, hi)` of whole buckets; returns the buckets.
+        An order replaces what a per-call name would choose, a pacing what `"auto"` would (see
+        `xstage.moe.decision`)."""
+        return force(self, tokens, variant)
+
+    def forced_decisions(self) -> dict[tuple[int, int], Variant]:
+        """The variants forced per token bucket `(lo, hi)`."""
+        return {token_bucket(hi, self.T_max): v for hi, v in sorted(self._forced.items())}
+
+    def clear_decisions(self) -> None:
+        """Drop the cached and the forced decisions: the next calls ask the planner again."""
+        self._decisions.clear()
+        self._forced.clear()
 
     def nbytes(self) -> dict[str, int]:
         """Bytes of each buffer (device unless noted); `total_bytes()` sums them."""

@@ -51,8 +51,9 @@ from xstage.moe.buffer import (
     STAGE_STORE_PACING,
     MoEBuffer,
 )
+from xstage.moe.decision import decide
 from xstage.moe.layout import routing_layout, unit_experts
-from xstage.moe.pacing import AUTO, choose_pacing, resolve_pacing
+from xstage.moe.pacing import AUTO, resolve_pacing
 from xstage.moe.schedule import TASK_COLS, Schedule, check_schedule, chooser, make_schedule
 
 _REDUCE_BT = 8
@@ -156,26 +157,23 @@ class _Plan:
 
 def call_pacing(pacing, buf: MoEBuffer, tokens: int, ctas: int, schedule: str) -> StorePacing | None:
     """The pacing of one call: `"buffer"` keeps the buffer's; `"auto"` is the planner's choice for this
-    call's tokens and schedule (jointly with the schedule when that is chosen per call too); anything
-    else is resolved by `xstage.moe.pacing.resolve_pacing` for the buffer's store path."""
+    call's token bucket and schedule (jointly with the schedule when that is chosen per call too; cached
+    on the buffer, `xstage.moe.decision`); anything else is resolved by `xstage.moe.pacing.resolve_pacing`
+    for the buffer's store path."""
     if isinstance(pacing, str) and pacing == "buffer":
         pacing = buf.pacing
     if isinstance(pacing, str) and pacing == AUTO:
-        fixed = None if chooser(check_schedule(schedule)) is not None else schedule
-        return choose_pacing(buf, tokens, ctas, fixed)
+        return decide(buf, schedule, AUTO, tokens, ctas).pacing
     return resolve_pacing(pacing, buf.store_path, buf.R)
 
 
 def _resolve_schedule(schedule: str, buf: MoEBuffer, tokens: int, ctas: int, pacing: StorePacing | None) -> str:
     """A name chosen per call (e.g. `model_guided`, registered by `xstage.sched`) becomes its chooser's
-    pick for this shape, token count and pacing (cached on the buffer); orders pass through."""
-    pick = chooser(check_schedule(schedule))
-    if pick is None:
+    pick for this shape, token bucket and pacing (cached on the buffer, `xstage.moe.decision`); orders
+    pass through."""
+    if chooser(check_schedule(schedule)) is None:
         return schedule
-    key = (schedule, tokens, ctas, pacing)
-    if key not in buf._plans:
-        buf._plans[key] = check_schedule(pick(buf, tokens, ctas, pacing))
-    return buf._plans[key]
+    return decide(buf, schedule, pacing, tokens, ctas).schedule
 
 
 def plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None, pacing="buffer") -> _Plan:

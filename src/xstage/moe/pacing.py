@@ -8,10 +8,10 @@ None (off).
   `DEFAULT_RATE_FACTOR` x the drain of that path's embedded profile
   (`xstage.comm.pacing.default_pacing`); none on `hbm` (no shared level to fill), on `peer` (not
   measured there yet) and without remote ranks. Result rows of variants without an `@` suffix ran with it.
-- `"auto"` is decided per call shape by the planner, which registers itself here when
-  `xstage.sched` is imported (`import xstage` does): it predicts each candidate pacing
-  (`PACING_CANDIDATES`) and keeps the fastest, jointly with the schedule when that is chosen per call
-  too (`model_guided`).
+- `"auto"` is decided by the planner, which registers itself here when `xstage.sched` is imported
+  (`import xstage` does): it predicts each candidate pacing (`PACING_CANDIDATES`) and keeps the
+  fastest, jointly with the schedule when that is chosen per call too (`model_guided`). A fused call
+  asks once per token bucket and caches the answer on its buffer (`xstage.moe.decision`).
 
 Example:
     >>> from xstage.moe.pacing import resolve_pacing
@@ -74,14 +74,12 @@ def register_pacing_chooser(fn: Callable) -> None:
 
 
 def choose_pacing(buf, tokens: int, ctas: int, schedule: str | None) -> StorePacing | None:
-    """The planner's pacing for this buffer, call size and schedule (cached on the buffer)."""
+    """The planner's pacing for this buffer, `tokens` per rank, `ctas` CTAs and `schedule` (None: chosen
+    jointly with it). Not cached here: `fused_moe` asks once per token bucket (`xstage.moe.decision`)."""
     if _CHOOSER is None:
         raise InputError("pacing 'auto': no planner is registered; import xstage (or xstage.sched) first, "
                          "or name a pacing ('default', 'off', 'RATE:BUDGET')")
-    key = ("pacing", schedule, tokens, ctas)
-    if key not in buf._plans:
-        spec = _CHOOSER(buf, tokens, ctas, schedule)
-        if spec not in PACING_CANDIDATES:
-            raise InputError(f"pacing 'auto': the planner answered {spec!r}; expected one of {PACING_CANDIDATES}")
-        buf._plans[key] = resolve_pacing(spec, buf.store_path, buf.R)
-    return buf._plans[key]
+    spec = _CHOOSER(buf, tokens, ctas, schedule)
+    if spec not in PACING_CANDIDATES:
+        raise InputError(f"pacing 'auto': the planner answered {spec!r}; expected one of {PACING_CANDIDATES}")
+    return resolve_pacing(spec, buf.store_path, buf.R)

@@ -187,6 +187,12 @@ def synthetic_routing(cfg: MoeConfig, seed: int = 0) -> tuple[list[int], list[in
     return experts, rows, remote
 
 
+def routes_rows(cfg: MoeConfig, seed: int = 0) -> bool:
+    """Whether the synthetic routing (`synthetic_routing`) routes any row to rank 0. At the smallest
+    token counts of some shapes it routes none: the kernel then has no task to predict, and the
+    buffer's planner (`xstage.sched.plan.pick_for_moe_buffer`) answers with a defined choice."""
+    return bool(synthetic_routing(cfg, seed)[0])
+
 
 def task_work(cfg: MoeConfig, kind: int) -> float:
     """Work of one task: FLOPs of a full BLOCK_M tile (tensor cores compute the padded tile), or bytes."""

@@ -31,7 +31,7 @@ from xstage.model.params import PathParams
 from xstage.moe.pacing import PACING_CANDIDATES, register_pacing_chooser, resolve_pacing
 from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
 from xstage.sched.costs import TaskCosts, load_default_costs
-from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, check_seed, moe_work, simulate_remote
+from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, check_seed, moe_work, routes_rows, simulate_remote
 from xstage.sched.simulate import SimResult
 
 # Persistent CTAs the planner simulates: a GPU's SMs x the CTAs per SM the kernel keeps (132 x 9 at most
@@ -92,11 +92,7 @@ def plan_moe(
     check_instance(costs, "costs", TaskCosts, "the kernel's TaskCosts")
     num_ctas = check_int(num_ctas, "num_ctas", 1, MAX_PLAN_CTAS, CTAS_MEANING)
     seed = check_seed(seed)
-    candidates = check_sequence(candidates, "candidates", str, "schedule names")
-    if not candidates:
-        raise InputError("candidates: at least one schedule is needed")
-    for name in candidates:
-        check_plannable(name)
+    candidates = check_candidates(candidates)
     if interference is not None and not isinstance(interference, Interference):
         raise InputError(f"interference: expected an Interference or None, got {type(interference).__name__}")
     block_ms = check_sequence(block_ms, "block_ms", int, "BLOCK_M values") if block_ms is not None else None
@@ -128,6 +124,16 @@ def plan_moe(
         raise InputError(f"candidates {list(candidates)}: none fits a row pool of {cfg.pool_units} units")
     rows.sort(key=lambda r: r.rank_ns)
     return rows
+
+
+def check_candidates(candidates) -> list[str]:
+    """`candidates` as a non-empty list of orders the planner can simulate (`check_plannable`)."""
+    candidates = check_sequence(candidates, "candidates", str, "schedule names")
+    if not candidates:
+        raise InputError("candidates: at least one schedule is needed")
+    for name in candidates:
+        check_plannable(name)
+    return list(candidates)
 
 
 def check_plannable(name) -> None:
@@ -171,20 +177,27 @@ def _costs(buf) -> TaskCosts:
 def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,
                         candidates: Sequence[str] = CANDIDATES) -> str:
     """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape, the
-    call's token count and store pacing."""
-    return pick_moe_schedule(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path),
-                             _costs(buf), num_ctas, candidates=candidates, pacing=pacing,
-                             interference=load_default_interference(buf.store_path))
+    call's token count and store pacing. Where the synthetic routing routes no row to the rank at this
+    count (`xstage.sched.moe.routes_rows`), every order runs no task and the first candidate is the
+    answer."""
+    cfg = _buffer_config(buf, tokens_per_rank)
+    if not routes_rows(cfg):
+        return check_candidates(candidates)[0]
+    return pick_moe_schedule(cfg, moe_path_params(buf.store_path), _costs(buf), num_ctas, candidates=candidates,
+                             pacing=pacing, interference=load_default_interference(buf.store_path))
 
 
 def pick_pacing_for_buffer(buf, tokens_per_rank: int, num_ctas: int, schedule: str | None,
                            candidates: Sequence[str] = CANDIDATES) -> str:
     """`pacing="auto"` of `xstage.moe`: the pacing spec (one of `PACING_CANDIDATES`) with the lowest
-    predicted time for `schedule`, or for the best schedule when `schedule` is None (chosen per call)."""
-    if buf.R < 2:
-        return "off"  # no remote stores to pace
+    predicted time for `schedule`, or for the best schedule when `schedule` is None (chosen per call).
+    `"off"` with one rank, or where the synthetic routing routes no row to the rank at this count
+    (`xstage.sched.moe.routes_rows`): there is no remote store to pace."""
+    cfg = _buffer_config(buf, tokens_per_rank)
+    if buf.R < 2 or not routes_rows(cfg):
+        return "off"
     pacings = {spec: resolve_pacing(spec, buf.store_path, buf.R) for spec in PACING_CANDIDATES}
-    rows = plan_moe(_buffer_config(buf, tokens_per_rank), moe_path_params(buf.store_path), _costs(buf), num_ctas,
+    rows = plan_moe(cfg, moe_path_params(buf.store_path), _costs(buf), num_ctas,
                     candidates=[schedule] if schedule else candidates, pacings=pacings,
                     interference=load_default_interference(buf.store_path))
     return rows[0].pacing
