@@ -9,7 +9,8 @@ import xstage.moe.schedule as schedule_mod
 from xstage.errors import InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, Variant, fused_moe, transform_weights
 from xstage.moe.decision import MoEDecision, token_bucket, token_buckets
-from xstage.moe.fused import plan, static_plan
+from xstage.moe.device_plan import device_plan
+from xstage.moe.fused import plan
 from xstage.moe.pacing import resolve_pacing
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
 from xstage.sched.moe import MoeConfig, routes_rows
@@ -121,10 +122,10 @@ def test_the_planner_runs_once_per_bucket_and_decides_as_asked_directly(calls):
     assert calls == [("schedule", 4, None)]
 
 
-def test_static_plans_decide_at_the_buffers_largest_count(calls):
+def test_device_plans_share_the_host_plans_decisions(calls):
     buf = _buffer(t_max=12)
     _, idx, *_ = _problem(12, 4, 2, 2, seed=2)
-    static_plan(idx[:3], buf, "model_guided", pacing="auto")
+    device_plan(idx[:10], buf, "model_guided", pacing="auto")
     plan(idx[:9], buf, "model_guided", pacing="auto")  # the same bucket, 9..12
     assert [c[:2] for c in calls] == [("pacing", 12), ("schedule", 12)]
     assert [d.bucket for d in buf.decisions()] == [(9, 12)]

@@ -11,8 +11,7 @@ ending at the buffer's `num_max_tokens_per_rank`. A bucket is decided at its lar
 - the planner ranks only orders that fit the row pool under its routing at that count, and the
   largest count makes the most units, so an order it keeps fits the pool at every count below;
 - counts that are powers of two (as the benchmarks and the planner's validation use) get exactly the
-  decision the planner makes for them, and the last bucket is decided at `num_max_tokens_per_rank`,
-  as `static=True` calls always were;
+  decision the planner makes for them, and the last bucket is decided at `num_max_tokens_per_rank`;
 - the planner's synthetic routing routes no row to a rank at the smallest counts of some shapes
   (`xstage.sched.moe.routes_rows`); the planner then answers with a defined choice (its first
   candidate order, unpaced) instead of a refusal. A call with no token (T = 0) shares the bucket of
