@@ -334,3 +334,26 @@ def test_residency_check_refuses_too_many_ctas(monkeypatch):
         _check_residency(kernel, buf)
     small = SimpleNamespace(n_regs=64, metadata=SimpleNamespace(shared=32768))
     _check_residency(small, buf)  # 4 warps' worth of registers and 32 KiB: two fit
+
+
+def test_tma_descriptors_are_kept_while_their_tensor_lives():
+    import gc
+
+    from xstage.moe.fused import _descriptor
+
+    cfg = dataclasses.replace(CFG, tma=True)
+    buf = MoEBuffer(4, 4, 2, 64, 32, LoopbackGroup(2), device="cpu", dtype=torch.float16, config=cfg)
+    w = torch.randn(2, 64, 64).half()
+    d = _descriptor(buf, w, 16)
+    assert _descriptor(buf, w, 16) is d  # kept
+    v = w.view(4, 32, 64)
+    assert _descriptor(buf, w, 32) is not d and _descriptor(buf, v, 16) is not d  # another box, another shape
+    assert (d.shape, d.strides, d.block_shape) == ([128, 64], [64, 1], [16, 32])
+    assert d.base.data_ptr() == w.data_ptr()
+    assert len([k for k in buf._plans if k[0] == "tma"]) == 3
+    del v
+    gc.collect()
+    assert len([k for k in buf._plans if k[0] == "tma"]) == 2
+    del w, d
+    gc.collect()
+    assert not [k for k in buf._plans if k[0] == "tma"]  # gone with the tensor: no weight kept alive

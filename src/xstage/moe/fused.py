@@ -28,6 +28,7 @@ Example (on a machine without a GPU, Triton's CPU interpreter; fp16 there, see `
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import torch
 import triton
@@ -222,20 +223,32 @@ def _bounds(buf: MoEBuffer, timeout_ns: int | None):
 def _operands(buf: MoEBuffer, w1t, w2) -> tuple:
     """(recv, its descriptor, w1t, its descriptor, act, ..., w2, ...): the GEMM operands as pointers
     for the stores and, with `BlockConfig.tma`, as 2-d TMA descriptors of `[block, block_k]` boxes for
-    the loads (built per call: they are small host objects, encoded at launch)."""
+    the loads (small host objects, encoded at launch; `_descriptor` keeps them between calls)."""
     if not buf.cfg.tma:
         return buf.recv, buf.recv, w1t, w1t, buf.act, buf.act, w2, w2
+    c = buf.cfg
+    return (buf.recv, _descriptor(buf, buf.recv, c.block_m), w1t, _descriptor(buf, w1t, c.block_n1), buf.act,
+            _descriptor(buf, buf.act, c.block_m), w2, _descriptor(buf, w2, c.block_n2))
+
+
+def _descriptor(buf: MoEBuffer, t: torch.Tensor, box_rows: int):
+    """The TMA descriptor of `t` viewed as 2-d, with `[box_rows, block_k]` boxes. Building one costs a
+    call's host time several times over, so each is kept on the buffer while `t` lives; the key holds
+    everything the descriptor encodes (address, shape, type, box), so a new tensor at a freed address
+    gets its own entry or the identical one."""
+    key = ("tma", t.data_ptr(), tuple(t.shape), t.dtype, box_rows)
+    hit = buf._plans.get(key)
+    if hit is not None:
+        return hit
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    c = buf.cfg
-
-    def desc(t, box_rows):
-        flat = t.view(-1, t.shape[-1])
-        return TensorDescriptor(flat, shape=list(flat.shape), strides=[flat.shape[1], 1],
-                                block_shape=[box_rows, c.block_k])
-
-    return (buf.recv, desc(buf.recv, c.block_m), w1t, desc(w1t, c.block_n1), buf.act, desc(buf.act, c.block_m),
-            w2, desc(w2, c.block_n2))
+    flat = t.view(-1, t.shape[-1])
+    d = TensorDescriptor(flat, shape=list(flat.shape), strides=[flat.shape[1], 1],
+                         block_shape=[box_rows, buf.cfg.block_k])
+    buf._plans[key] = d
+    # The entry holds a view of `t`'s memory: it goes when the tensor the caller passed goes.
+    weakref.finalize(t, buf._plans.pop, key, None)
+    return d
 
 
 def _scaled(x, w1t, w2, buf: MoEBuffer) -> tuple:
