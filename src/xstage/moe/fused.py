@@ -242,7 +242,7 @@ def _descriptor(buf: MoEBuffer, t: torch.Tensor, box_rows: int):
         return hit
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    flat = t.view(-1, t.shape[-1])
+    flat = t.detach().view(-1, t.shape[-1])  # not a view of `t` itself, which would keep `t` alive
     d = TensorDescriptor(flat, shape=list(flat.shape), strides=[flat.shape[1], 1],
                          block_shape=[box_rows, buf.cfg.block_k])
     buf._plans[key] = d
