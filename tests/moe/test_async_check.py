@@ -261,6 +261,23 @@ def test_async_bad_id_on_a_real_group_is_raised_by_its_rank_only_cpu(tmp_path):
     assert "error" not in recs[1][2] and recs[1][2]["rel_err"] < 2e-2
 
 
+@pytest.mark.slow
+def test_an_order_that_cannot_fit_the_pool_is_refused_before_any_rank_waits_cpu(tmp_path):
+    # 103 tokens per rank make 41 unit slots; a pool of 32 units cannot run lag:40 for every routing:
+    # every rank refuses it before the barrier (no watchdog), and the group goes on.
+    unit_bytes = GROUP_BLOCK["block_m"] * (64 + 32) * 2
+    case = _group_case(schedules=["lag:40", "lag:2"], buffer_tokens=103,
+                       buffer=dict(timeout_ns=30_000_000_000, pool_bytes=32 * unit_bytes))
+    recs, hung = run(tmp_path, 3, case, timeout_s=240)
+    assert not hung
+    for r in range(3):
+        first = recs[r][0]
+        assert first["error"].startswith(f"PoolTooSmallError: rank {r}: schedule 'lag:40': needs more than the 32 "
+                                         "units"), first
+        assert first["seconds"] < 20, first
+        assert "error" not in recs[r][1] and recs[r][1]["rel_err"] < 2e-2, recs[r][1]
+
+
 # ---- the compiler the GPU runs -------------------------------------------------------------------------
 
 _HOPPER_COMPILE = """

@@ -401,6 +401,17 @@ def check_mode(check):
     raise InputError(f"check: must be True, False or 'async', got {got}")
 
 
+def _check_order_fits(schedule: str, buf: MoEBuffer, tokens: int, pacing) -> None:
+    """On a real group, before any rank waits: the call's order (resolved as `plan` will) must run in
+    the row pool whatever the group's routing, which no rank knows before the barrier; else the
+    host planner's `PoolTooSmallError`, for the buffer's largest unit count."""
+    from xstage.moe.device_plan import check_pool_fits  # it builds on this module
+
+    ctas = num_ctas(buf)
+    check_pool_fits(_resolve_schedule(schedule, buf, tokens, ctas, call_pacing(pacing, buf, tokens, ctas, schedule)),
+                    buf)
+
+
 def _refused(exc: InputError, buf: MoEBuffer) -> InputError:
     """Stop the group's call on every peer with this rank's refusal (no host collective; the peers'
     barrier reads it), and this rank's own error, naming it."""
@@ -444,9 +455,10 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     CUDA graph and replayed with new routing in the same tensors.
 
     On a real group every rank's inputs are checked before the call's barrier, which is the device
-    barrier unless `check=True` (then the host waits at it): a rank that refuses its inputs raises
-    `InputError: rank R: ...`, and its peers skip the call (their `y` is NaN) and raise `InputError:
-    rank R refused its <argument>`, at once with `check=True`, else as any recorded error.
+    barrier unless `check=True` (then the host waits at it): a rank that refuses its inputs (or an
+    order that could not run in the row pool for some routing) raises `InputError: rank R: ...`, and
+    its peers skip the call (their `y` is NaN) and raise `InputError: rank R refused its <argument>`,
+    at once with `check=True`, else as any recorded error.
     """
     if not isinstance(buf, MoEBuffer):
         raise InputError(f"buf: expected a MoEBuffer, got {type(buf).__name__}")
@@ -461,6 +473,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check is True)
+        if not buf.loopback:
+            _check_order_fits(schedule, buf, buf.T_max if static else int(topk_idx.shape[0]), pacing)
     except InputError as exc:
         if not buf.loopback:
             # The peers are about to wait for this rank at the call's barrier: stop them with the same
