@@ -441,7 +441,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
       errors of replays surface at `buf.check()`.
     - `True`: today's synchronous checks: `InputError` for an expert id out of range before any launch
       (one host sync), and `CommTimeoutError` after the kernels if a wait timed out (another sync).
-    - `False`: no check at all; call `buf.check()` (errors of several calls then name them all).
+    - `False`: no check at all; call `buf.check()` (errors of several calls then name them all; until
+      then a recorded error makes the waits of later calls give up at once).
     `static=True` with `check=False` on a loopback buffer runs without any host synchronisation (CUDA-graph
     capture): the schedule then spans every unit slot of the buffer.
     `timeout_ns` is the progress watchdog of every wait (default: the buffer's, `MoEBuffer.timeout_ns`): a
