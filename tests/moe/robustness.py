@@ -61,7 +61,10 @@ def _inputs(rank, world, T, H, I, E, K, kind, dtype, device):
 
 def worker(rank, world, init_file, result_file, case):
     """`case`: dict(shape=(H, I, E, K), tokens, routings, schedules, dtype, block, die=None|'before'|'during',
-    buffer=dict of MoEBuffer keywords)."""
+    buffer=dict of MoEBuffer keywords, buffer_tokens=its num_max_tokens_per_rank, check=fused_moe's check
+    (default: its default), sync_check=True to call buf.check() after every call, final_check=True to call
+    it after the last one, bad_input_rank=R and bad_input='expert_id'|'weights_dtype' for that rank's
+    first call)."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     from xstage.moe import BlockConfig, MoEBuffer, fused_moe, reference_moe_dist, transform_weights
 
@@ -73,8 +76,8 @@ def worker(rank, world, init_file, result_file, case):
     T = case["tokens"] + rank - 1  # uneven token counts across ranks
     try:
         cfg = BlockConfig(**case["block"]) if case.get("block") else None
-        buf = MoEBuffer(case["tokens"] + world, E, K, H, I, dist.group.WORLD, device=device, dtype=dtype,
-                        config=cfg, **case.get("buffer", {}))
+        buf = MoEBuffer(case.get("buffer_tokens", case["tokens"] + world), E, K, H, I, dist.group.WORLD,
+                        device=device, dtype=dtype, config=cfg, **case.get("buffer", {}))
     except XstageError as exc:
         out.append({"case": "buffer", "error": f"{type(exc).__name__}: {exc}"})
         _write(result_file, rank, out)
@@ -104,11 +107,17 @@ def worker(rank, world, init_file, result_file, case):
                     buf.idx_buf[: x.shape[0]].copy_(idx)
                     buf.barrier()
                     os._exit(0)
-                bad = case.get("bad_input_rank") == rank and s == case["schedules"][0]
-                if bad:  # one rank's first call gets an expert id out of range
-                    idx_bad = idx.clone()
-                    idx_bad[0, 0] = E + 5
-                y = fused_moe(x, idx_bad if bad else idx, w, w1t, w2, buf, schedule=s)
+                bad = case.get("bad_input_rank") == rank and not rec_count(out, kind)
+                idx_in, w_in = idx, w
+                if bad and case.get("bad_input", "expert_id") == "expert_id":  # an expert id out of range
+                    idx_in = idx.clone()
+                    idx_in[0, 0] = E + 5
+                elif bad:  # weights of a dtype the kernel does not take
+                    w_in = w.double()
+                y = fused_moe(x, idx_in, w_in, w1t, w2, buf, schedule=s,
+                              **({"check": case["check"]} if "check" in case else {}))
+                if case.get("sync_check"):
+                    buf.check()
                 ys[s] = y
                 scale = float(ref.abs().max()) or 1.0
                 rec["rel_err"] = float((y.float() - ref).abs().max()) / scale
@@ -118,6 +127,15 @@ def worker(rank, world, init_file, result_file, case):
             rec["seconds"] = time.monotonic() - t0
             out.append(rec)
             _write(result_file, rank, out)
+        if case.get("final_check"):  # the errors no call has raised yet
+            rec = {"case": f"{kind}/check"}
+            t0 = time.monotonic()
+            try:
+                buf.check()
+            except Exception as exc:
+                rec["error"] = f"{type(exc).__name__}: {exc}"
+            rec["seconds"] = time.monotonic() - t0
+            out.append(rec)
         if len(ys) == len(case["schedules"]):
             first = next(iter(ys.values()))
             out.append({"case": f"{kind}/bitwise", "equal": all(torch.equal(y, first) for y in ys.values())})
@@ -126,6 +144,11 @@ def worker(rank, world, init_file, result_file, case):
         dist.destroy_process_group()
     except Exception:  # a peer died: nothing left to tear down cleanly
         pass
+
+
+def rec_count(out, kind: str) -> int:
+    """Calls this rank has made on routing `kind`."""
+    return sum(r["case"].startswith(f"{kind}/") and not r["case"].endswith(("/bitwise", "/check")) for r in out)
 
 
 def _write(result_file, rank, out):

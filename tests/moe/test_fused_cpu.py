@@ -168,7 +168,7 @@ def test_silent_peer_raises_timeout_not_hang():
                     config=CFG)
     w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
     with pytest.raises(CommTimeoutError, match=r"rank 0: .*peer 1 .*moe.reduce_waits_combine"):
-        fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved")
+        fused_moe(x, idx, w, w1t, w2, buf, schedule="interleaved", check=True)  # raised by the call itself
 
 
 def test_unmet_dependency_times_out():
@@ -217,8 +217,8 @@ def test_bad_inputs(small, mutate, match):
     buf, x, idx, w, w1t, w2 = small
     args = dict(x=x, idx=idx, w=w, w1t=w1t, w2=w2)
     mutate(args)
-    with pytest.raises(InputError, match=match):
-        fused_moe(args["x"], args["idx"], args["w"], args["w1t"], args["w2"], buf)
+    with pytest.raises(InputError, match=match):  # check=True: ids out of range are refused before any launch
+        fused_moe(args["x"], args["idx"], args["w"], args["w1t"], args["w2"], buf, check=True)
 
 
 def test_bad_schedule_name(small):

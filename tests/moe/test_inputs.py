@@ -241,8 +241,9 @@ def test_fused_moe_checks_the_call_numbers_before_launching():
             fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", **kw)
     with pytest.raises(InputError, match=r"^buf: expected a MoEBuffer, got str$"):
         fused_moe(x, idx, w, w1t, w2, "buf")
-    for flag in ("check", "static"):  # found by tests/test_fuzz_api.py: a tensor flag raised a RuntimeError
-        with pytest.raises(InputError, match=rf"^{flag}: must be True or False, got Tensor$"):
+    for flag, what in (("check", "True, False or 'async'"), ("static", "True or False")):
+        # found by tests/test_fuzz_api.py: a tensor flag raised a RuntimeError
+        with pytest.raises(InputError, match=rf"^{flag}: must be {what}, got Tensor$"):
             fused_moe(x, idx, w, w1t, w2, buf, **{flag: torch.tensor([1, 2])})
 
 

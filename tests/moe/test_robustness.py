@@ -62,8 +62,10 @@ def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("when", ["before", "during"])
 def test_a_dead_rank_is_named_within_60_s_on_one_gpu(tmp_path, when):
-    recs, hung = run(tmp_path, 3, _case(GPU_SHAPE, 512, ["uniform"], "bf16", schedules=["lag:2"], die=when),
-                     timeout_s=300)
+    # buf.check() after the call: the asynchronous check's error, read synchronously (the call that
+    # raises it by itself is in tests/moe/test_async_check.py)
+    recs, hung = run(tmp_path, 3, _case(GPU_SHAPE, 512, ["uniform"], "bf16", schedules=["lag:2"], die=when,
+                                        sync_check=True), timeout_s=300)
     assert not hung, f"ranks {hung} were left running"
     for r in (0, 1):
         rec = recs[r][0]
@@ -94,7 +96,7 @@ def test_a_dead_rank_is_named_cpu(tmp_path, when, dtype):
     # A short watchdog: the survivors give up on the dead rank after 3 s without progress.
     shape, block = ((128, 128, 6, 2), FP8_CPU_BLOCK) if dtype == "fp8" else ((64, 32, 6, 2), CPU_BLOCK)
     case = _case(shape, 12, ["uniform"], dtype, schedules=["lag:2"], die=when, block=block,
-                 buffer=dict(timeout_ns=3_000_000_000))
+                 buffer=dict(timeout_ns=3_000_000_000), sync_check=True)
     recs, hung = run(tmp_path, 3, case, timeout_s=240)
     assert not hung, f"ranks {hung} were left running"
     for r in (0, 1):
@@ -127,8 +129,10 @@ def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank_cpu(tmp_
 
 @pytest.mark.slow
 def test_a_refused_input_stops_every_rank_with_the_same_error_cpu(tmp_path):
+    # check=True: the range check runs on the host before the barrier, and the peers wait at a host
+    # barrier (the asynchronous refusal is in tests/moe/test_async_check.py)
     case = _case((64, 32, 6, 2), 12, ["uniform"], "fp16", schedules=["lag:2", "expert_wave"], block=CPU_BLOCK,
-                 bad_input_rank=1, buffer=dict(timeout_ns=30_000_000_000))
+                 bad_input_rank=1, buffer=dict(timeout_ns=30_000_000_000), check=True)
     recs, hung = run(tmp_path, 3, case, timeout_s=240)
     assert not hung
     first = [recs[r][0] for r in range(3)]
@@ -157,6 +161,7 @@ w1t, w2 = transform_weights((torch.randn(2, 64, 64) / 8).half(), (torch.randn(2,
 if rank == 2:
     sys.exit(0)  # a clean exit: torchrun itself sees no failure of this rank
 fused_moe(x, idx, torch.rand(8, 2), w1t, w2, buf, schedule="lag:1")
+buf.check()  # the call's errors are checked asynchronously: read them before the rank ends
 """
 
 

@@ -49,7 +49,9 @@ DEFAULT_SIGNAL_SLOTS = 4096
 # Arguments a rank can refuse on behalf of the group (`CommContext.refuse`): their position is the id
 # every rank decodes, so the list only grows at its end.
 REFUSABLE_ARGS = ["x", "topk_idx", "topk_weights", "w1t", "w2", "tokens",
-                  "q", "k", "v", "softmax_scale", "seq_lens", "exchange", "mode", "config", "dropout_p", "causal"]
+                  "q", "k", "v", "softmax_scale", "seq_lens", "exchange", "mode", "config", "dropout_p", "causal",
+                  "schedule", "pacing", "check", "static", "plan_on", "timeout_ns", "x_scale", "w1t_scale",
+                  "w2_scale"]
 
 
 def refusable_id(arg: str) -> int:
@@ -62,6 +64,14 @@ def refusal_error(rank: int, arg_id: int) -> InputError:
     name = REFUSABLE_ARGS[arg_id] if 0 <= arg_id < len(REFUSABLE_ARGS) else f"argument {arg_id}"
     return InputError(f"rank {rank} refused its {name} (its own error says why); every rank of the group "
                       "stops this call")
+def timeout_error(rank: int, code: int, count: int, path: str, note: str = "") -> CommTimeoutError:
+    """The error of a wait that timed out: error word `code` (`stage << 16 | peer`), `count` waits that
+    gave up on `rank`, on `path`; `note` is added inside the parentheses."""
+    stage, peer = decode_error(code)
+    return CommTimeoutError(f"rank {rank}: wait for peer {peer} timed out at stage {stage_name(stage)} "
+                            f"(stage id {stage}, path {path}, {count} wait(s) timed out{note})")
+
+
 # The progress watchdog of every device wait: give up after this long without the awaited counter
 # moving. Ranks sharing one GPU run in turns, so a peer can look idle for seconds; 20 s leaves room for
 # that and still names a dead rank well within a minute.
@@ -109,7 +119,8 @@ class CommContext:
 
     Attributes: `path`, `rank`, `world`, `device`, `group` (None on loopback), `group_name`,
     `loopback` (True for `host`/`hbm`), `error` (int32[4] on the device, symmetric on `peer`: word 0
-    the first error's code, word 1 the number of waits that gave up, word 2 a refused argument's id),
+    the first error's code, word 1 the number of waits that gave up, word 2 a refused argument's id,
+    word 3 set when the last barrier read a peer's refusal),
     `signal_pad` (a zeroed int32 `SymmBuffer` of `signal_slots` flags per rank), `timeout_ns` (the
     progress watchdog kernels should pass to waits).
     """
@@ -129,12 +140,13 @@ class CommContext:
         self.closed = False
         if path == "peer":
             self._init_peer_backend()
-        # Word 0: the first error's code; 1: how many waits gave up; 2: a refused argument's id (`refuse`).
-        # Symmetric on `peer`, so that a rank can stop the whole group with one line (`refuse`).
+        # Word 0: the first error's code; 1: how many waits gave up; 2: a refused argument's id (`refuse`);
+        # 3: "a peer refused the call" (the barrier sets it, the MoE reduce clears it). Symmetric on `peer`.
         self._errors = self.alloc("error", (4,), torch.int32)
         self.error = self._errors.local
         self.signal_pad = self.alloc("signal_pad", (signal_slots,), torch.int32)
-        self._barrier_words = self.alloc("barrier", (world,), torch.int32) if path == "peer" else None
+        # Row 0: barriers each rank reached; rows 1-2: refusals, by the barrier's parity (`xstage.comm.barrier`).
+        self._barrier_words = self.alloc("barrier", (3, world), torch.int32) if path == "peer" else None
         self._barrier_epoch = 0
 
     def _init_peer_backend(self) -> None:
@@ -223,19 +235,17 @@ class CommContext:
         if stage == STAGE_REFUSED:
             self.error.zero_()  # the call is abandoned on every rank; the group may go on
             raise refusal_error(peer, arg)
-        raise CommTimeoutError(
-            f"rank {self.rank}: wait for peer {peer} timed out at stage {stage_name(stage)} "
-            f"(stage id {stage}, path {self.path}, {count} wait(s) timed out)"
-        )
+        raise timeout_error(self.rank, code, count, self.path)
 
     def refuse(self, arg: str) -> None:
         """This rank's `arg` failed its checks: stop the group's current call on every rank, which then
-        raises an `InputError` naming this rank and `arg` (`check`). Call it where the rank would
-        otherwise arrive at the call's barrier; the caller raises its own, more detailed error."""
+        raises an `InputError` naming this rank and `arg` (`check`: at once after a host barrier, later
+        after a device barrier, whose call is skipped). Call it where the rank would otherwise arrive at
+        the call's barrier; the caller raises its own, more detailed error. Synchronises this rank."""
         if self.path != "peer":
             return
-        arg_id = refusable_id(arg)
-        refuse_kernel[(1,)](self._errors.ptrs, self.error, self.rank, self.world, arg_id, STAGE=STAGE_REFUSED,
+        words = self._barrier_words
+        refuse_kernel[(1,)](words.ptrs, words.local, self.rank, self.world, self._barrier_epoch + 1, refusable_id(arg),
                             num_warps=1)
         try:
             self.barrier()
@@ -262,8 +272,8 @@ class CommContext:
         on_gpu = use_ptx()
         words = self._barrier_words
         barrier_kernel[(1,)](words.ptrs, words.local, self.error, self.rank, self.world, self._barrier_epoch,
-                             wait_bounds(self.timeout_ns, on_gpu)[1], STAGE=STAGE_BARRIER, USE_PTX=on_gpu,
-                             num_warps=1)
+                             wait_bounds(self.timeout_ns, on_gpu)[1], STAGE=STAGE_BARRIER, STAGE_REFUSE=STAGE_REFUSED,
+                             USE_PTX=on_gpu, num_warps=1)
         if host:
             self.check()
 

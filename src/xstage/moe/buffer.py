@@ -32,6 +32,14 @@ Watchdog (`timeout_ns=`, default `xstage.comm.DEFAULT_TIMEOUT_NS`, 20 s): every 
 buffer's calls, and the group barrier, gives up after that long without progress of what it waits
 for; `check()` then raises `CommTimeoutError` naming this rank, the silent peer and the stage.
 
+Errors the device records: the error word `err` (int32[4]: the first timeout's or a peer's refusal's
+code, the timed-out waits, the refused argument, "a peer refused this call") and `bad_ids` (int64[2]:
+how many expert ids of this rank's `topk_idx` were outside [0, E), and the first one seen). Calls are
+counted (`calls`); an asynchronously checked call (`fused_moe(check="async")`) has its words moved
+into a row of a small pinned ring by its reduce kernel, with a CUDA event, and a later call raises
+what a completed row holds without waiting. `check()` synchronises and raises the earliest error,
+naming its call; each error is raised once.
+
 FP8 (`dtype="fp8"` or `torch.float8_e4m3fn`): rows cross, and Linear-1/Linear-2 run, in e4m3 with
 the DeepSeek-V3 scales of `xstage.moe.fp8` (1x128 per row for activations, 128x128 for weights);
 the combine rows and the output stay BF16 (`out_dtype`). Hidden and intermediate sizes must be
@@ -56,6 +64,7 @@ Example:
 from __future__ import annotations
 
 import warnings
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -65,11 +74,11 @@ from xstage.backend import refuse_interpreter_bf16, resolve_device
 from xstage.bounds import INT32_MAX, INT64_MAX, MAX_RANKS, check_int, check_real
 from xstage.comm import DEFAULT_TIMEOUT_NS, create_context
 from xstage.comm.barrier import STAGE_REFUSED
-from xstage.comm.context import check_timeout_ns
+from xstage.comm.context import check_timeout_ns, refusal_error, timeout_error
 from xstage.comm.pacing import StorePacing
-from xstage.comm.stages import decode_error, register_stage, stage_name
+from xstage.comm.stages import decode_error, register_stage
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
-from xstage.errors import CommTimeoutError, InputError
+from xstage.errors import InputError, XstageError
 from xstage.moe.decision import MoEDecision, cached, force, token_bucket
 from xstage.moe.fp8 import BLOCK as FP8_BLOCK  # the DeepSeek-V3 scale block
 from xstage.moe.pacing import AUTO, resolve_pacing
@@ -265,6 +274,9 @@ class MoEBuffer:
         # Decisions per (request, CTAs, token bucket) and forced variants per bucket (`xstage.moe.decision`).
         self._decisions: dict = {}
         self._forced: dict = {}
+        self.calls = 0  # fused_moe calls on this buffer (errors name them)
+        self._live_since = 1  # the first call whose errors may still be in the device words
+        self._captured = (0, 0)  # the first and last call captured in a CUDA graph (replays report nothing)
         self._allocate()
         self._pacing = AUTO if isinstance(pacing, str) and pacing == AUTO else resolve_pacing(
             pacing, self.store_path, self.R)
@@ -383,7 +395,9 @@ class MoEBuffer:
         self.ready = torch.zeros(self.units_cap, **i32)
         self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, next task (dynamic)
         self.pace_clock = torch.zeros(1, dtype=torch.int64, device=dev)  # ns; see xstage.comm.pacing
-        self.err = torch.zeros(2, **i32)
+        self.err = torch.zeros(4, **i32)  # as `CommContext.error` (symmetric in a real group)
+        self.bad_ids = torch.zeros(2, dtype=torch.int64, device=dev)  # count, first seen
+        self._reports = _Reports(dev)
         self.sig_slot = torch.full((R,), self.rank, **i32)
         elem = torch.tensor([], dtype=self.out_dtype).element_size()  # of the combine rows
         if self.loopback:
@@ -430,20 +444,133 @@ class MoEBuffer:
         self.combine_host = None
         self.ctx.barrier()
 
-    def barrier(self) -> None:
-        """Host-side barrier of the group (inputs written before peers pull them)."""
+    def barrier(self, host: bool = True) -> None:
+        """The group's barrier (inputs written before peers pull them); `host=False` only enqueues the
+        device barrier (`CommContext.barrier`), whose timeout or refusal a later check reads."""
         if not self.loopback:
-            self.ctx.barrier()
+            self.ctx.barrier(host=host)
+
+    def begin_call(self) -> int:
+        """Count a `fused_moe` call; its number."""
+        self.calls += 1
+        return self.calls
+
+    def report_row(self) -> torch.Tensor:
+        """The pinned row the next call's reduce kernel reports into (`fused_moe(check="async")`)."""
+        return self._reports.row()
+
+    def reported(self, call: int) -> None:
+        """Record (after its kernels are enqueued) that `call` reports into the row `report_row` gave,
+        covering the calls since the device words were last read."""
+        self._reports.commit(self._live_since, call)
+        self._live_since = call + 1
+
+    def captured(self, call: int) -> None:
+        """Record that `call` was captured in a CUDA graph: errors of its replays stay in the device
+        words until `check()`, which names it."""
+        lo, hi = self._captured
+        self._captured = (lo or call, call)
+
+    def raise_reported(self) -> None:
+        """Raise the earliest error whose report has arrived, without waiting; the newest report (the
+        call that asks) is left for a later call, as on a GPU it has not arrived yet."""
+        self._reports.collect(wait=False, limit=len(self._reports.pending) - 1)
+        self._raise_first()
 
     def check(self) -> None:
-        """Raise `CommTimeoutError` if a device wait of this rank timed out, or the `InputError` of a
-        peer that refused its inputs (`CommContext.refuse`); synchronises."""
-        code, count = self.err[:2].tolist()
-        if code:
-            stage, peer = decode_error(code)
-            if stage == STAGE_REFUSED:
-                self.ctx.check()
+        """Synchronise, then raise the earliest error of this buffer's calls, naming the call: an
+        `InputError` for an expert id out of range or a peer's refusal of its inputs
+        (`CommContext.refuse`), `CommTimeoutError` for a device wait that timed out. Each error is
+        raised once (its words are cleared); a later `check()` raises the next one, if any."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._reports.collect(wait=True)
+        words = (*self.err[:3].tolist(), *self.bad_ids.tolist())
+        if words[0] or words[3]:
             self.err.zero_()
-            raise CommTimeoutError(
-                f"rank {self.rank}: timed out waiting for peer {peer} at stage {stage_name(stage)} "
-                f"({count} timed-out waits)")
+            self.bad_ids.zero_()
+            # The calls whose errors the words can hold: those since they were last read, and captured ones.
+            first, last = self._live_since, self.calls
+            lo, hi = self._captured
+            if lo and first > last:
+                first, last = lo, hi
+            elif lo:
+                first, last = min(first, lo), max(last, hi)
+            self._reports.errors.append((first, last, words))
+        self._live_since = self.calls + 1
+        self._raise_first()
+
+    def _raise_first(self) -> None:
+        if self._reports.errors:
+            first, last, words = self._reports.errors.popleft()
+            raise self._error(words, first, last)
+
+    def _error(self, words, first: int, last: int) -> XstageError:
+        """The error the words of calls `first`..`last` hold (a refusal, then ids, then a timeout)."""
+        code, count, arg, n_bad, bad = (int(w) for w in words)
+        if not last:
+            call = []
+        elif first > last:  # no call since the words were last read (a barrier of the buffer's own)
+            call = [f"after fused_moe call {last}"]
+        else:
+            call = [f"fused_moe call {last}" if first == last else f"fused_moe calls {first}-{last}"]
+
+        def note(*parts):
+            return f" ({'; '.join(parts)})" if parts else ""
+
+        stage, peer = decode_error(code)
+        if code and stage == STAGE_REFUSED:
+            return InputError(f"{refusal_error(peer, arg)}{note(*call)}")
+        if n_bad:
+            rank = "" if self.loopback else f"rank {self.rank}: "
+            more = [f"{n_bad} ids out of range"] if n_bad > 1 else []
+            return InputError(f"{rank}topk_idx: value {bad} out of range [0, {self.E}){note(*more, *call)}")
+        return timeout_error(self.rank, code, count, self.store_path, "".join(f"; {c}" for c in call))
+
+
+# Rows of the report ring: a host that runs this many calls ahead of the device waits for the oldest.
+REPORT_ROWS = 64
+REPORT_WORDS = 8  # err[0..2], bad_ids[0..1], unused
+
+
+class _Reports:
+    """The pinned ring the reduce kernel reports a call's error words into, and the events that say a
+    row has arrived; `errors` holds `(first call, last call, words)` of arrived rows that hold an error."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.rows = torch.zeros(REPORT_ROWS, REPORT_WORDS, dtype=torch.int64, pin_memory=self.cuda)
+        self.events = [None] * REPORT_ROWS
+        self.pending: deque = deque()  # (row, first call, last call), oldest first
+        self.errors: deque = deque()
+        self.next = 0
+
+    def row(self) -> torch.Tensor:
+        if len(self.pending) == REPORT_ROWS:
+            self.collect(wait=True, limit=1)
+        return self.rows[self.next]
+
+    def commit(self, first: int, last: int) -> None:
+        i = self.next
+        if self.cuda:
+            if self.events[i] is None:
+                self.events[i] = torch.cuda.Event()
+            self.events[i].record()
+        self.pending.append((i, first, last))
+        self.next = (i + 1) % REPORT_ROWS
+
+    def collect(self, wait: bool, limit: int | None = None) -> None:
+        """Read the rows that have arrived, oldest first (`wait`: wait for each)."""
+        n = 0
+        while self.pending and (limit is None or n < limit):
+            i, first, last = self.pending[0]
+            ev = self.events[i]
+            if ev is not None and not ev.query():
+                if not wait:
+                    return
+                ev.synchronize()
+            self.pending.popleft()
+            n += 1
+            words = self.rows[i, :5].tolist()
+            if words[0] or words[3]:
+                self.errors.append((first, last, words))

@@ -27,6 +27,7 @@ Example (on a machine without a GPU, Triton's CPU interpreter; fp16 there, see `
 
 from __future__ import annotations
 
+import re
 import warnings
 import weakref
 
@@ -332,15 +333,18 @@ def _check_residency(compiled, buf: MoEBuffer) -> None:
 
 
 def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = None, wait: bool = True,
-                  compile_only: bool = False):
-    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]` (`compile_only`: compile it)."""
+                  compile_only: bool = False, report: torch.Tensor | None = None):
+    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]` (`compile_only`: compile it).
+    `report` (a row of `MoEBuffer.report_row()`): the kernel moves this rank's error words there and
+    clears them; without it they stay for `MoEBuffer.check()`."""
     backend.require()
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     T = y.shape[0]
     bh = next(b for b in (256, 128, 64, 32, 16, 8) if buf.H % b == 0)
     args = (buf.combine, buf.read_delta, topk_idx, topk_w, y, buf.ready, buf.units_cap,
-            buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err,
-            buf.R, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins)
+            buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.bad_ids,
+            buf._reports.rows[0] if report is None else report, int(report is not None),
+            buf.R, buf.E, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins)
     consts = dict(STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=triton.next_power_of_2(buf.K),
                   WAIT=wait, USE_PTX=use_ptx, **({} if interpreter_active() else {"num_warps": 4}))
     grid = (max(1, triton.cdiv(T, _REDUCE_BT)),)
@@ -383,14 +387,41 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
 
 
 def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
-           timeout_ns: int | None = None, wait: bool = True) -> torch.Tensor:
+           timeout_ns: int | None = None, wait: bool = True, report: torch.Tensor | None = None) -> torch.Tensor:
     """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
     launch_main(x, w1t, w2, buf, p, timeout_ns, wait)
-    return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait)
+    return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, report=report)
+
+
+def check_mode(check):
+    """`fused_moe`'s `check`: True, False or "async"; anything else is one `InputError` line."""
+    if isinstance(check, bool) or isinstance(check, str) and check == "async":
+        return check
+    got = f"{check!r:.40}" if isinstance(check, str) else type(check).__name__
+    raise InputError(f"check: must be True, False or 'async', got {got}")
+
+
+def _check_order_fits(schedule: str, buf: MoEBuffer, tokens: int, pacing) -> None:
+    """On a real group, before any rank waits: the call's order (resolved as `plan` will) must run in
+    the row pool whatever the group's routing, which no rank knows before the barrier; else the
+    host planner's `PoolTooSmallError`, for the buffer's largest unit count."""
+    from xstage.moe.device_plan import check_pool_fits  # it builds on this module
+
+    ctas = num_ctas(buf)
+    check_pool_fits(_resolve_schedule(schedule, buf, tokens, ctas, call_pacing(pacing, buf, tokens, ctas, schedule)),
+                    buf)
+
+
+def _refused(exc: InputError, buf: MoEBuffer) -> InputError:
+    """Stop the group's call on every peer with this rank's refusal (no host collective; the peers'
+    barrier reads it), and this rank's own error, naming it."""
+    arg = re.match(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
+    buf.ctx.refuse(arg.group(0) if arg else "")
+    return type(exc)(f"rank {buf.rank}: {exc}")
 
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
-              timeout_ns: int | None = None, check: bool = True, static: bool = False,
+              timeout_ns: int | None = None, check="async", static: bool = False,
               pacing="buffer", plan_on: str = "device") -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
 
@@ -400,19 +431,37 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     whole output row non-finite (NaN or +-inf) and leaves every other token as it would be; the
     kernel completes (its waits never depend on values).
 
-    `check=True` validates inputs (one host sync for the expert-id range) and raises
-    `CommTimeoutError` after the kernels if a wait timed out (another sync). `static=True` with
-    `check=False` on a loopback buffer runs without any host synchronisation (CUDA-graph capture):
-    the schedule then spans every unit slot of the buffer; call `buf.check()` later for timeouts.
+    `check` says when the errors the device records are raised. Expert ids outside [0, E) are memory-
+    safe in any case: they add nothing to `y`, and the device counts them.
+    - `"async"` (the default): no host synchronisation. The call's reduce kernel hands its error words
+      (a timed-out wait, ids out of range, a peer's refusal) to a pinned host row with an event; a
+      later call raises them once they have arrived, without waiting (after enqueueing its own
+      kernels), and `buf.check()` synchronises and raises them. Either names the call they came from
+      (`(fused_moe call 12)`, counted per buffer). Under CUDA-graph capture nothing is reported:
+      errors of replays surface at `buf.check()`.
+    - `True`: today's synchronous checks: `InputError` for an expert id out of range before any launch
+      (one host sync), and `CommTimeoutError` after the kernels if a wait timed out (another sync).
+    - `False`: no check at all; call `buf.check()` (errors of several calls then name them all; until
+      then a recorded error makes the waits of later calls give up at once).
+    `static=True` is deprecated (a `DeprecationWarning`): it means `plan_on="device"`, which every
+    call with a built-in order now uses and which can be captured.
     `timeout_ns` is the progress watchdog of every wait (default: the buffer's, `MoEBuffer.timeout_ns`): a
     wait gives up after that long without its counter moving, and `CommTimeoutError` names the rank.
     `pacing` paces the combine's remote stores for this call: `"buffer"` (the buffer's default),
     `"auto"` (the planner's choice for this call), `"default"`, `"off"`, `"RATE_GBPS:BUDGET_KIB"`, a
     `StorePacing` or None (`xstage.moe.pacing`).
-    `plan_on="device"` (opt-in) builds the routing layout and task table on the device in one
-    prologue launch without host synchronisation (`xstage.moe.device_plan`; built-in orders only, a
-    custom order is planned on the host); with `check=False` on a loopback buffer the call can then be
-    captured in a CUDA graph and replayed with new routing in the same tensors.
+    `plan_on="device"` (the default) builds the routing layout and task table on the device in one
+    prologue launch (`xstage.moe.device_plan`); a custom order (`register_schedule`) is planned on the
+    host, which synchronises and cannot be captured. `plan_on="host"` keeps the host plan (`plan`, the
+    reference the device plan is tested against). With the default `check` a call with a built-in
+    order makes no host synchronisation, and on a loopback buffer it can be captured in a CUDA graph
+    and replayed with new routing written into the same tensors.
+
+    On a real group every rank's inputs are checked before the call's barrier, which is the device
+    barrier unless `check=True` (then the host waits at it): a rank that refuses its inputs (or an
+    order that could not run in the row pool for some routing) raises `InputError: rank R: ...`, and
+    its peers skip the call (their `y` is NaN) and raise `InputError: rank R refused its <argument>`,
+    at once with `check=True`, else as any recorded error.
     """
     if not isinstance(buf, MoEBuffer):
         raise InputError(f"buf: expected a MoEBuffer, got {type(buf).__name__}")
@@ -420,20 +469,22 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
         warnings.warn("fused_moe(static=True) is no longer needed: a call with a built-in order plans on the "
                       "device and can be captured in a CUDA graph", DeprecationWarning, stacklevel=2)
     refuse_interpreter_bf16(buf.dtype, "buf.dtype")  # as on every rank: the buffer's dtype is the group's
+    call = buf.begin_call()
     try:
-        for flag, value in (("check", check), ("static", static)):
-            check_instance(value, flag, bool, "True or False")
+        check = check_mode(check)
+        check_instance(static, "static", bool, "True or False")
         if plan_on not in ("host", "device") or (static and plan_on == "host"):
             raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' (static=True plans on the device)")
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
-        validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check)
+        validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check is True)
+        if not buf.loopback:
+            _check_order_fits(schedule, buf, int(topk_idx.shape[0]), pacing)
     except InputError as exc:
         if not buf.loopback:
             # The peers are about to wait for this rank at the call's barrier: stop them with the same
             # error, naming this rank and the argument (no host collective).
-            buf.ctx.refuse(str(exc).split(":", 1)[0])
-            raise InputError(f"rank {buf.rank}: {exc}") from None
+            raise _refused(exc, buf) from None
         raise
     x = quantize_inputs(x, buf)
     rows = x[0] if buf.fp8 else x
@@ -446,7 +497,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
             buf.x_scale_buf[: rows.shape[0]].copy_(x[1])
         buf.idx_buf.fill_(-1)
         buf.idx_buf[: rows.shape[0]].copy_(topk_idx)
-        buf.barrier()
+        buf.barrier(host=check is True)
     if plan_on == "device":
         from xstage.moe.device_plan import device_plan  # it builds on this module
 
@@ -454,7 +505,14 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     else:
         p = plan(topk_idx, buf, schedule, pacing=pacing)
     y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
-    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns)
-    if check:
+    capturing = buf.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    report = buf.report_row() if check == "async" and not capturing else None
+    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns, report=report)
+    if capturing:
+        buf.captured(call)
+    if check is True:
         buf.check()
+    elif report is not None:
+        buf.reported(call)
+        buf.raise_reported()
     return y

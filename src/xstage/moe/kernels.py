@@ -29,6 +29,13 @@ else a poll count) in which the awaited counter did not move (cross-rank
 waits use `xstage.comm.device.wait_acquire`; the local readiness waits use `wait_geq`, GPU scope). A
 timeout writes `stage << 16 | peer` into the error word (first one wins) and the kernel carries on,
 so the host raises `CommTimeoutError` instead of hanging.
+
+Expert ids outside [0, E) never form an address: the layout leaves them to no rank, and the reduce
+masks them (they add nothing to `y`), counts them and keeps the first one it saw in the buffer's
+`bad_ids` words. A peer's refusal of the call (word 3 of the error word, set by the group barrier,
+`xstage.comm.barrier`) makes both kernels skip the call: no task, no signal, `y` all NaN. With
+`report` set, the reduce's last program moves this rank's error words into a row of pinned host
+memory and clears them (`MoEBuffer.check`, the asynchronous check of `fused_moe`).
 """
 
 from __future__ import annotations
@@ -259,16 +266,19 @@ def moe_main_kernel(
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
     it = tl.load(p_sync + 1)
+    # A peer refused this call (the barrier set word 3): run no task and signal nobody, as the peers do.
+    go = tl.load(p_err + 3, volatile=True) == 0
     if WAIT:
-        # Peers must have reduced the previous layer before their combine buffers are refilled.
-        for q in range(num_ranks):
-            wait_acquire(p_sig + num_ranks + q, it, timeout_ns, p_err, STAGE_FREE * 65536 + q, True, USE_PTX)
+        if go:
+            # Peers must have reduced the previous layer before their combine buffers are refilled.
+            for q in range(num_ranks):
+                wait_acquire(p_sig + num_ranks + q, it, timeout_ns, p_err, STAGE_FREE * 65536 + q, True, USE_PTX)
     n1 = I // BN1
     n2 = tl.cdiv(H, BN2)
     if DYNAMIC:
         # The table is in global order; each CTA takes the next task when it is free. A task waits
         # only on tasks before it, all already taken by running CTAs, so this cannot deadlock.
-        n_tasks = tl.load(p_cta_start + n_c)
+        n_tasks = tl.where(go, tl.load(p_cta_start + n_c), 0)
         ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
         while ti < n_tasks:
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
@@ -279,7 +289,8 @@ def moe_main_kernel(
                       BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
-        for ti in range(tl.load(p_cta_start + i_c), tl.load(p_cta_start + i_c + 1)):
+        t_lo = tl.load(p_cta_start + i_c)
+        for ti in range(t_lo, tl.where(go, tl.load(p_cta_start + i_c + 1), t_lo)):
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
@@ -291,51 +302,74 @@ def moe_main_kernel(
     if done == n_c - 1:
         tl.atomic_xchg(p_sync, 0)
         tl.atomic_xchg(p_sync + 3, 0)  # every CTA has made its last fetch before counting itself done
-        for q in range(num_ranks):
-            d = tl.load(p_sig_delta + q)
-            slot = tl.load(p_sig_slot + q)
-            tl.atomic_add(p_sig + d + slot, 1, sem="release", scope="sys")
+        if go:
+            for q in range(num_ranks):
+                d = tl.load(p_sig_delta + q)
+                slot = tl.load(p_sig_slot + q)
+                tl.atomic_add(p_sig + d + slot, 1, sem="release", scope="sys")
 
 
-@triton.jit(do_not_specialize=["units_cap", "num_ranks", "E_LOCAL", "T", "T_STRIDE"])
+@triton.jit(do_not_specialize=["units_cap", "num_ranks", "E_LOCAL", "T", "T_STRIDE", "report"])
 def moe_reduce_kernel(
     p_comb, p_read_delta, p_idx, p_w, p_y, p_ready, units_cap,
-    p_sync, p_sig, p_sig_delta, p_sig_slot, p_err,
-    num_ranks, E_LOCAL, T, T_STRIDE, H, K, timeout_ns, max_spins,
+    p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_bad, p_report, report,
+    num_ranks, E, E_LOCAL, T, T_STRIDE, H, K, timeout_ns, max_spins,
     STAGE_DONE: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, KP: tl.constexpr,
     WAIT: tl.constexpr, USE_PTX: tl.constexpr,
 ):
     i_t = tl.program_id(0)
     n_p = tl.num_programs(0)
     it = tl.load(p_sync + 1)
+    go = tl.load(p_err + 3, volatile=True) == 0  # see moe_main_kernel
     if WAIT:
-        for q in range(num_ranks):
-            wait_acquire(p_sig + q, it + 1, timeout_ns, p_err, STAGE_DONE * 65536 + q, True, USE_PTX)
+        if go:
+            for q in range(num_ranks):
+                wait_acquire(p_sig + q, it + 1, timeout_ns, p_err, STAGE_DONE * 65536 + q, True, USE_PTX)
     o_t = i_t * BT + tl.arange(0, BT)
     m_t = o_t < T
     o_k = tl.arange(0, KP)
     m_tk = m_t[:, None] & (o_k < K)[None, :]  # [BT, KP]
-    b_idx = tl.load(p_idx + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=0)
-    b_w = tl.load(p_w + o_t[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-    b_rd = tl.load(p_read_delta + b_idx // E_LOCAL, mask=m_tk, other=0)  # [BT, KP] int64
+    o_tk = o_t[:, None].to(tl.int64) * K + o_k[None, :]  # [BT, KP] flat position in topk_idx
+    b_idx = tl.load(p_idx + o_tk, mask=m_tk, other=0).to(tl.int64)
+    # An id outside [0, E) has no combine row: masked before it forms an address, counted below.
+    m_bad = m_tk & ((b_idx < 0) | (b_idx >= E))
+    m_ok = m_tk & (b_idx >= 0) & (b_idx < E)
+    b_w = tl.load(p_w + o_tk, mask=m_ok, other=0.0).to(tl.float32)
+    b_rd = tl.load(p_read_delta + tl.where(m_ok, b_idx, 0) // E_LOCAL, mask=m_ok, other=0)  # [BT, KP] int64
     o_row = b_rd + (o_k[None, :].to(tl.int64) * T_STRIDE + o_t[:, None]) * H
     for h in range(0, H, BH):
         o_h = h + tl.arange(0, BH)
         p_c = p_comb + o_row[:, :, None] + o_h[None, None, :]  # [BT, KP, BH]
-        b_c = tl.load(p_c, mask=m_tk[:, :, None], other=0.0).to(tl.float32)
+        b_c = tl.load(p_c, mask=m_ok[:, :, None], other=0.0).to(tl.float32)
         b_y = tl.sum(b_c * b_w[:, :, None], axis=1)  # [BT, BH]
+        b_y = tl.where(go, b_y, float("nan"))  # a refused call has no output
         tl.store(p_y + o_t[:, None].to(tl.int64) * H + o_h[None, :], b_y.to(p_y.dtype.element_ty),
                  mask=m_t[:, None])
+    n_bad = tl.sum(tl.sum(m_bad.to(tl.int32), axis=1), axis=0)
+    if n_bad > 0:
+        first = tl.min(tl.min(tl.where(m_bad, o_tk, 1 << 62), axis=1), axis=0)
+        b_first = tl.sum(tl.sum(tl.where(m_bad & (o_tk == first), b_idx, 0), axis=1), axis=0)
+        if tl.atomic_add(p_bad, n_bad.to(tl.int64)) == 0:
+            tl.store(p_bad + 1, b_first)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync + 2, 1, sem="acq_rel", scope="gpu")
     if done == n_p - 1:
         # The main kernel has finished (stream order), so its counters can be cleared for the next call.
         tl.atomic_xchg(p_sync + 2, 0)
-        for u0 in range(0, units_cap, 1024):
-            o_u = u0 + tl.arange(0, 1024)
-            tl.store(p_ready + o_u, tl.zeros([1024], tl.int32), mask=o_u < units_cap)
-        tl.atomic_xchg(p_sync + 1, it + 1)
-        for q in range(num_ranks):
-            d = tl.load(p_sig_delta + q)
-            slot = tl.load(p_sig_slot + q)
-            tl.atomic_add(p_sig + d + num_ranks + slot, 1, sem="release", scope="sys")
+        if go:
+            for u0 in range(0, units_cap, 1024):
+                o_u = u0 + tl.arange(0, 1024)
+                tl.store(p_ready + o_u, tl.zeros([1024], tl.int32), mask=o_u < units_cap)
+            tl.atomic_xchg(p_sync + 1, it + 1)
+            for q in range(num_ranks):
+                d = tl.load(p_sig_delta + q)
+                slot = tl.load(p_sig_slot + q)
+                tl.atomic_add(p_sig + d + num_ranks + slot, 1, sem="release", scope="sys")
+        if report != 0:
+            # Every error of this call is in (all its kernels ran before this program): hand the words
+            # to the host (a pinned row it reads once the call's event completes) and clear them.
+            for j in tl.static_range(3):
+                tl.store(p_report + j, tl.atomic_xchg(p_err + j, 0).to(tl.int64))
+            tl.store(p_report + 3, tl.atomic_xchg(p_bad, 0))
+            tl.store(p_report + 4, tl.atomic_xchg(p_bad + 1, 0))
+        tl.atomic_xchg(p_err + 3, 0)  # a refusal stops one call only
