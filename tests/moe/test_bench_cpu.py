@@ -20,6 +20,32 @@ def test_grid_has_84_plus_8_configurations():
     assert len([c for c in cfgs if c["ep"] > 1]) == 84 and len([c for c in cfgs if c["ep"] == 1]) == 8
 
 
+def test_decode_grid_has_every_shape_and_group_size_at_decode_token_counts():
+    cfgs = grid_configs("decode")
+    assert len(cfgs) == 64 and {c["tokens"] for c in cfgs} == {1, 8, 64, 256}
+    assert {c["ep"] for c in cfgs} == {1, 2, 4, 8} and len({(c["shape"], c["tokens"], c["ep"]) for c in cfgs}) == 64
+    with pytest.raises(InputError, match="--grid 'prefill': must be one of main, decode"):
+        grid_configs("prefill")
+
+
+def test_every_call_of_a_run_gets_a_buffer_for_the_run_s_largest_token_count(tmp_path, monkeypatch):
+    import functools
+
+    import xstage.bench.moe as bm
+
+    seen = []
+    monkeypatch.setattr(bm, "ResultWriter", functools.partial(ResultWriter, env={"gpu": "none", "git_commit": "abc"}))
+    monkeypatch.setattr(bm.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bm.torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bm, "run_config", lambda c, *a, **kw: seen.append((c["tokens"], kw["call_tokens"])))
+    monkeypatch.setattr(bm, "summarize", lambda out: {})
+    bm.run_grid(tmp_path, ["shape=H1152-I4608-E8-K2", "ep=2"], grid="decode", log=lambda m: None)
+    assert seen == [(1, 256), (8, 256), (64, 256), (256, 256)]
+    seen.clear()
+    bm.run_grid(tmp_path, ["shape=H1152-I4608-E8-K2", "ep=2", "tokens=8,64"], grid="decode", log=lambda m: None)
+    assert seen == [(8, 64), (64, 64)]
+
+
 def test_run_config_writes_rows_and_summary(tmp_path):
     cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
     writer = ResultWriter(tmp_path / "moe.csv", COLUMNS, KEYS, env={"gpu": "none"})

@@ -1,11 +1,20 @@
 """`xstage bench moe`: the fused MoE kernel per schedule against an unfused pipeline, on one GPU.
 
-Grid: 4 shapes x tokens per rank {256 .. 16384} x EP {2, 4, 8} (84 configurations) plus EP=1 at
-4096 and 16384 tokens. Each EP>1 configuration runs rank 0 of the group over the loopback `host`
-path (rows for peers cross PCIe into pinned memory) and records, per variant:
+Grid (`--grid main`): 4 shapes x tokens per rank {256 .. 16384} x EP {2, 4, 8} (84 configurations)
+plus EP=1 at 4096 and 16384 tokens; `--grid decode`: 4 shapes x {1, 8, 64, 256} tokens per rank x EP
+{1, 2, 4, 8}. Each EP>1 configuration runs rank 0 of the group over the loopback `host` path (rows for
+peers cross PCIe into pinned memory) and records, per variant:
 
 - `expert_wave`, `interleaved`, `lag:k`: the fused persistent kernel (dispatch, Linear-1 + SwiGLU,
-  Linear-2 + combine push); `time_ns` is that kernel, `reduce_ns` the separate top-k reduce;
+  Linear-2 + combine push); `time_ns` is that kernel, `reduce_ns` the separate top-k reduce, both on
+  a plan built on the host before the timed runs. Beside them, the public call a user makes
+  (`measure_moe_call`): `fused_moe(x, idx, w, w1t, w2, buf, schedule=...)` with every other argument
+  at its default, on a buffer at its defaults (pacing `auto` unless the variant names one) sized for
+  the run's largest token count, cycling through 16 routings: `call_ns` (wall clock per call over 200
+  back-to-back calls), `host_ns` (median, `host_p10_ns`, `host_p90_ns`), `launches` (kernels per
+  call), `syncs`, `graph_ns` (the call replayed from a CUDA graph) and `call_note` (what was not
+  measured, and why; `xstage.bench.calls`). A plan prologue counts as call time, not kernel time.
+  `reduce_host_ns`: one `launch_reduce`'s host time, measured in the kernels' runs;
 - `unfused`: gather + copy of the rows for peers to the same destination, `torch._grouped_mm`
   Linear-1, SwiGLU, `torch._grouped_mm` Linear-2, copy of the output rows for peers back to the
   destination (the same exchange bytes as the fused kernel, without the reduce);
@@ -54,6 +63,8 @@ from xstage.results import ResultWriter, Timing, emit, events, select, synchroni
 from xstage.results.output import Outputs, add_force_option
 
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+DECODE_TOKENS = (1, 8, 64, 256)  # tokens per rank of a decode step
+GRIDS = ("main", "decode")
 EPS = (2, 4, 8)
 # The grid measures the orders the planner ranks (`xstage.moe.schedule.CANDIDATES`).
 SCHEDULES = CANDIDATES
@@ -66,8 +77,13 @@ RESULTS = "moe.csv"  # appended to by every run
 SUMMARY_FILES = ("summary.md", "speedup-*.png")  # written again from the CSV by every run
 
 
-def grid_configs() -> list[dict]:
-    """The 8 EP=1 configurations, then the 84 EP>1 ones (EP 8 first, the reference design's setting)."""
+def grid_configs(grid: str = "main") -> list[dict]:
+    """`main`: the 8 EP=1 configurations, then the 84 EP>1 ones (EP 8 first, the reference design's
+    setting); `decode`: decode-sized calls, `DECODE_TOKENS` tokens per rank at EP 1, 8, 4 and 2."""
+    if grid == "decode":
+        return [dict(shape=s, tokens=t, ep=ep) for ep in (1, *EPS[::-1]) for t in DECODE_TOKENS for s in SHAPES]
+    if grid != "main":
+        raise InputError(f"--grid {grid!r}: must be one of {', '.join(GRIDS)}")
     out = [dict(shape=s, tokens=t, ep=1) for s in SHAPES for t in (4096, 16384)]
     return out + [dict(shape=s, tokens=t, ep=ep) for ep in EPS[::-1] for t in TOKENS for s in SHAPES]
 
@@ -300,7 +316,8 @@ def block_per_dtype(block: str | None, dtypes) -> dict[str, str | None]:
 
 
 def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup: int = 5, rep: int = 30,
-             budget_s: float | None = None, block: str | None = None, log=print, dtypes=("bf16",)) -> dict:
+             budget_s: float | None = None, block: str | None = None, log=print, dtypes=("bf16",),
+             grid: str = "main") -> dict:
     """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops starting new ones after
     `budget_s`. Each configuration runs in every dtype of `dtypes` in turn. Returns the summary
     (`xstage.bench.moe_summary.summarize`)."""
@@ -312,7 +329,7 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
     out = Path(out_dir)
     writer = ResultWriter(out / RESULTS, COLUMNS, KEYS, require_commit=True)
     t0 = time.time()
-    configs = select(grid_configs(), only)
+    configs = select(grid_configs(grid), only)
     call_tokens = max(int(c["tokens"]) for c in configs)  # every call's buffer holds the run's largest call
     for c in configs:
         if budget_s is not None and time.time() - t0 > budget_s:
@@ -334,6 +351,8 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
 def register_bench(grids) -> None:
     p = grids.add_parser("moe", help="fused MoE schedules vs expert_wave and the unfused pipeline")
     add_grid_options(p)
+    p.add_argument("--grid", choices=GRIDS, default="main", help="main: the 84+8 configurations; decode: "
+                   f"{', '.join(map(str, DECODE_TOKENS))} tokens per rank at EP 1, 2, 4, 8 (default %(default)s)")
     p.add_argument("--path", choices=("host", "hbm"), default="host", help="loopback store path for EP>1 "
                    "(default host: pinned host memory over PCIe)")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated variants SCHEDULE[@PACING], "
@@ -356,7 +375,7 @@ def _handler(args) -> int:
     for d in dtypes or [""]:  # an unknown dtype fails here, before any GPU work
         parse_dtype(d, "--dtype", allowed=("bf16", *FP8_DTYPES))
     block_per_dtype(args.block, dtypes)  # a malformed --block fails here, before any GPU work
-    select(grid_configs(), args.only)  # so does an --only that selects nothing
+    select(grid_configs(args.grid), args.only)  # so does an --only that selects nothing
     if args.summarize_only and not (out / RESULTS).is_file():
         raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
     if not args.summarize_only and not has_gpu():
@@ -368,6 +387,6 @@ def _handler(args) -> int:
             summary = summarize(out, rows=rows)
         else:
             summary = run_grid(out, args.only, args.path, variants, args.warmup, args.rep, args.budget_s,
-                               args.block, dtypes=dtypes)
+                               args.block, dtypes=dtypes, grid=args.grid)
     emit(summary, args.json, (out / "summary.md").read_text())
     return 0
