@@ -10,7 +10,10 @@ real peer path (`xstage.comm` symmetric memory). For each configuration of the g
   path): `time_ns` the main kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push to the
   source ranks), `reduce_ns` the top-k reduce (which also waits for every peer's completion signal);
   a variant that cannot be planned (`model_guided` without an embedded profile of the peer path) is
-  skipped on every rank and logged;
+  skipped on every rank and logged. Beside the kernels, the variant's public call on a second buffer
+  of the group at its defaults, sized for the run's largest token count, every rank calling together
+  on its own 16 routings (`measure_peer_call`; the columns of `xstage.bench.moe`, each the slowest
+  rank's);
 - `unfused`: on the same routing, `time_ns` = gather + all_to_all dispatch + permute by expert
   + `torch._grouped_mm` Linear-1 (per-expert matmuls where it is missing) + SwiGLU + grouped GEMM
   Linear-2 + un-permute + all_to_all combine + scatter into (token, slot) order; `reduce_ns` the
