@@ -192,8 +192,9 @@ def count_syncs(fn: Callable[[], object]) -> int | None:
 
 
 def _first_line(exc: BaseException) -> str:
-    while exc.__cause__ is not None or exc.__context__ is not None:  # the error that started it
-        exc = exc.__cause__ or exc.__context__
+    # A call failing inside `torch.cuda.graph` makes the capture's end fail too, while handling it: the
+    # call's error is the one to name.
+    exc = exc.__cause__ or exc.__context__ or exc
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
 
