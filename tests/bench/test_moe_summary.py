@@ -164,7 +164,7 @@ def test_calls_against_kernels_section_counts_each_target(tmp_path):
     summarize(_write(tmp_path, rows))
     text = (tmp_path / "summary.md").read_text()
     section = text[text.index("## Calls against kernels"):]
-    assert "### bf16, path `host` (3 rows)" in section
+    assert "### bf16, path `host`, EP 2 (3 rows)" in section
     assert "- call <= 1.03 x kernels from 1024 tokens: met in 1 of 2 rows" in section
     assert ("- graph replay <= 1.03 x kernels + 10 us: met in 1 of 2 captured rows; 1 rows not captured: "
             "graph: capture failed: RuntimeError: no") in section

@@ -129,6 +129,7 @@ def call_sections(rows: list[dict]) -> list[str]:
     for r in called:
         groups[(r.get("dtype") or "bf16", r["path"])].append(r)
     for (dtype, path), sel in sorted(groups.items(), key=lambda kv: (kv[0][0] != "bf16", kv[0])):
-        lines += ["", f"### {dtype}, path `{path}` ({len(sel)} rows)", ""] + _group_lines(sel) + [""]
+        eps = ", ".join(str(e) for e in sorted({int(r["ep"]) for r in sel}))
+        lines += ["", f"### {dtype}, path `{path}`, EP {eps} ({len(sel)} rows)", ""] + _group_lines(sel) + [""]
         lines += _target_lines(sel)
     return lines
