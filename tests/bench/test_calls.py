@@ -230,3 +230,16 @@ def test_gpu_fused_moe_call_launches_and_graph():
     assert count_syncs(lambda: device_planned(*routes[0])) == 0
     median, why = time_graph(device_planned, routes, after=buf.check)
     assert why == "" and median.median_ns > 0
+
+
+@pytest.mark.gpu
+def test_gpu_bench_rows_carry_the_profiled_call():
+    from xstage.bench.moe import run_config
+
+    rows = run_config(dict(shape="H1152-I4608-E8-K2", tokens=256, ep=2), "host", ("expert_wave",), None, warmup=1,
+                      rep=3, log=lambda m: None, call_tokens=1024)
+    r = rows[0]
+    assert float(r["call_ns"]) > 0 and int(r["launches"]) >= 2 and isinstance(r["syncs"], int)
+    assert float(r["reduce_host_ns"]) > 0 and float(r["host_p10_ns"]) <= float(r["host_ns"])
+    # Captured and checked against eager calls, or the reason it was not: never an empty cell without one.
+    assert r["graph_ns"] != "" or "graph: " in r["call_note"], r

@@ -175,3 +175,14 @@ def test_command_refuses_without_a_gpu_and_summarises_anywhere(tmp_path):
     assert res.returncode == 0, res.stderr
     assert '"call": 1.2' in res.stdout and (tmp_path / "summary.md").exists()
     assert len(read_rows(tmp_path / RESULTS)) == 2  # the results are read, never rewritten
+
+
+@pytest.mark.gpu
+def test_gpu_pair_is_measured_on_both_sides():
+    pytest.importorskip("transformers")
+    pair = CallPair(_tiny("mixtral-8x7b", "H512-I256-E8-K2"), 512, "cuda")
+    xs, tf = measure_pair(pair, 256, warmup=1, rep=3, calls=32, profiled=2)
+    assert xs["max_err"] <= 2e-2 and float(xs["kernel_ns"]) > 0 and float(tf["kernel_ns"]) > 0
+    assert tf["launches"] > 3  # sort, gathers, two grouped GEMMs, SwiGLU, the weighted sum
+    assert tf["graph_ns"] != "", tf["call_note"]  # transformers' grouped_mm path captures
+    assert xs["graph_ns"] != "" or "graph: " in xs["call_note"]
