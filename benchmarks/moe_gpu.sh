@@ -2,7 +2,7 @@
 # Device runs of the fused MoE layer on one GPU: correctness, EP=1 vs the grouped_mm chain, the grid.
 # Usage (repository root): XSTAGE_GIT_COMMIT=$(git rev-parse --short=12 HEAD) bash benchmarks/moe_gpu.sh \
 #   [check] [precompile] [ep1] [calibrate] [op] [multirank] [pace] [grid] [fp8ep1] [fp8blocks] [fp8cal] [fp8grid]
-#   (results under $OUT or benchmarks/results)
+#   [callcheck] [callep1] [callgrid] [calldecode] [calltf]   (results under $OUT or benchmarks/results)
 set -u
 if [ -z "${XSTAGE_GIT_COMMIT:-}" ]; then  # results must name the code that made them; no fallback
   echo "$(basename "$0"): set XSTAGE_GIT_COMMIT to this tree's commit, e.g." \
@@ -64,6 +64,19 @@ for step in $steps; do
     fp8grid)  # the 84 host configurations in both dtypes, the planner's 7 schedules at the default pacing
       timeout "${FP8GRID_S:-540}" python3 -u -m xstage bench moe -o "${OUT:-benchmarks/results}/h200-moe-fp8/grid" \
         --only ep=2,4,8 --dtype bf16,fp8 --budget-s "${FP8GRID_BUDGET_S:-470}" --warmup 2 --rep 10 2>&1 | tail -30 ;;
+    callcheck) timeout "${CALLCHECK_S:-150}" python3 -u -m pytest -q -m gpu tests/bench/test_calls.py \
+                 tests/bench/test_moe_calls.py -p no:cacheprovider 2>&1 | tail -20 ;;
+    callep1|callgrid|calldecode)  # kernels and public calls: EP=1; EP 2 and 8 from 256 tokens; decode sizes
+      case $step in
+        callep1) args="--only ep=1" ;;
+        callgrid) args="--only ep=2,8" ;;
+        calldecode) args="--grid decode" ;;
+      esac
+      timeout "${CALLGRID_S:-540}" python3 -u -m xstage bench moe -o "${CALL_DIR:-${OUT:-benchmarks/results}/h200-moe-calls}/${step#call}" \
+        $args --budget-s "${CALLGRID_BUDGET_S:-450}" --warmup 3 --rep 10 ${CALL_ARGS:-} 2>&1 | tail -60 ;;
+    calltf)  # the public call against transformers' grouped_mm experts (needs transformers 5)
+      timeout "${CALLTF_S:-540}" python3 -u -m xstage bench moe-calls -o "${CALL_DIR:-${OUT:-benchmarks/results}/h200-moe-calls}/transformers" \
+        --budget-s "${CALLTF_BUDGET_S:-450}" ${CALLTF_ARGS:-} 2>&1 | tail -40 ;;
     grid) timeout "${GRID_S:-250}" python3 -u -m xstage bench moe -o "${GRID_DIR:-$OUT_DIR}" --budget-s "${GRID_BUDGET_S:-200}" \
             --warmup 3 --rep 10 ${GRID_ARGS:-} 2>&1 | tail -60 ;;
   esac

@@ -67,7 +67,22 @@ def _flag(a: argparse.Action) -> str:
 
 # ---- the folder every example runs in --------------------------------------------------------------------
 
-FILES = {"moe.csv": MOE.text, "uly.csv": ULY.text, "data.csv": REFERENCE.text, "profile.json": PROFILE_JSON.read_text(),
+def _calls_text() -> str:
+    """A valid `moe-calls.csv` of one (model, tokens) pair: both sides, machine columns included."""
+    from xstage.bench.moe_calls import COLUMNS
+    from xstage.results.io import ENV_COLUMNS
+
+    side = dict(model="qwen3-30b-a3b", shape="H2048-I768-E128-K8", H=2048, I=768, E=128, K=8, tokens=64,
+                dtype="bf16", kernel_ns=400000, call_ns=500000, host_ns=30000, host_p10_ns=20000, host_p90_ns=40000,
+                launches=3, syncs=0, graph_ns=410000, call_note="", max_err=0.001, gpu="NVIDIA H200", driver="1",
+                torch="2", triton="3", git_commit="abc1234", src_hash="", date="2026-01-01")
+    cols = [*COLUMNS, *ENV_COLUMNS]
+    rows = [dict(side, side="xstage", impl="interleaved"), dict(side, side="transformers", impl="grouped_mm")]
+    return "\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n"
+
+
+FILES = {"moe.csv": MOE.text, "calls/moe-calls.csv": _calls_text(),
+         "uly.csv": ULY.text, "data.csv": REFERENCE.text, "profile.json": PROFILE_JSON.read_text(),
          "costs.json": COSTS_JSON.read_text(),
          "grid/moe.csv": committed(MOE_CSV, 4), "grid/ulysses.csv": ULY.text, "grid/core.csv": committed(CORE_CSV, 4),
          "probe/summary.csv": PROBE_SUMMARY_FILE.text, "afile": "made by the user\n", "notes.png": "a user's file\n",
@@ -106,6 +121,8 @@ BASES = {
                            Base(("bench", "ulysses", "-o", "new", "--core", "--json"), GPU)],
     ("bench", "moe"): [Base(("bench", "moe", "-o", "grid", "--summarize-only", "--json")),
                        Base(("bench", "moe", "-o", "new", "--json"), GPU)],
+    ("bench", "moe-calls"): [Base(("bench", "moe-calls", "-o", "calls", "--summarize-only", "--json")),
+                             Base(("bench", "moe-calls", "-o", "new", "--json"), GPU)],
     ("model",): [Base(("model", "--burst", "64KiB", "--json")), Base(("model", "--plot", "plots", "--json"))],
     ("fit",): [Base(("fit", "data.csv", "-o", "p.json", "--bootstrap", "0", "--structure", "base", "--json"))],
     ("plan", "moe"): [Base(PLAN_MOE)],

@@ -12,6 +12,7 @@ import sys
 from xstage import demo, env_commands
 from xstage.bench import commands as bench_commands
 from xstage.bench import moe as bench_moe
+from xstage.bench import moe_calls as bench_moe_calls
 from xstage.bench import ulysses as bench_ulysses
 from xstage.errors import XstageError, one_line
 from xstage.model import commands as model_commands
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     env_commands.register(sub)
     probe_commands.register(sub)
-    bench_commands.register(sub, (bench_ulysses, bench_moe))
+    bench_commands.register(sub, (bench_ulysses, bench_moe, bench_moe_calls))
     model_commands.register(sub)
     sched_commands.register(sub)
     demo.register(sub)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from xstage.bench.calls import CALL_COLUMNS
 from xstage.bench.moe_dist import TINY_SHAPES, TINY_TOKENS, main, make_inputs, peer_configs
 from xstage.errors import InputError
 from xstage.moe import reference_moe_virtual
@@ -55,6 +56,13 @@ def _check(out, device, dtype, tol):
     assert all(r["path"] == "peer" and r["ep"] == "2" and float(r["time_ns"]) > 0 for r in rows)
     assert all(float(r["time_p10_ns"]) <= float(r["time_ns"]) <= float(r["time_p90_ns"]) for r in rows[:-1])
     assert all(float(r["max_err"]) < tol for r in rows[:-1])  # fused vs unfused, first run
+    for r in rows[:-1]:  # every fused variant's public call, on both ranks together (the slowest counts)
+        assert float(r["call_ns"]) > 0 and float(r["reduce_host_ns"]) > 0, r
+        assert float(r["host_p10_ns"]) <= float(r["host_ns"]) <= float(r["host_p90_ns"])
+        assert int(r["launches"]) >= 2  # the main kernel and the reduce at least
+        if device == "cpu":
+            assert r["graph_ns"] == "" and "graph: CUDA graphs need a GPU" in r["call_note"]
+    assert all(rows[-1][c] == "" for c in CALL_COLUMNS)  # the unfused baseline is not a call
     assert "Path `peer`" in (out / "summary.md").read_text()
     (shape, dims), T = next(iter(TINY_SHAPES.items())), TINY_TOKENS[0]
     ins = [[t.cpu() for t in make_inputs(dims, T, r, 2, device, dtype)] for r in range(2)]

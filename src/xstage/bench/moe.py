@@ -1,11 +1,20 @@
 """`xstage bench moe`: the fused MoE kernel per schedule against an unfused pipeline, on one GPU.
 
-Grid: 4 shapes x tokens per rank {256 .. 16384} x EP {2, 4, 8} (84 configurations) plus EP=1 at
-4096 and 16384 tokens. Each EP>1 configuration runs rank 0 of the group over the loopback `host`
-path (rows for peers cross PCIe into pinned memory) and records, per variant:
+Grid (`--grid main`): 4 shapes x tokens per rank {256 .. 16384} x EP {2, 4, 8} (84 configurations)
+plus EP=1 at 4096 and 16384 tokens; `--grid decode`: 4 shapes x {1, 8, 64, 256} tokens per rank x EP
+{1, 2, 4, 8}. Each EP>1 configuration runs rank 0 of the group over the loopback `host` path (rows for
+peers cross PCIe into pinned memory) and records, per variant:
 
 - `expert_wave`, `interleaved`, `lag:k`: the fused persistent kernel (dispatch, Linear-1 + SwiGLU,
-  Linear-2 + combine push); `time_ns` is that kernel, `reduce_ns` the separate top-k reduce;
+  Linear-2 + combine push); `time_ns` is that kernel, `reduce_ns` the separate top-k reduce, both on
+  a plan built on the host before the timed runs. Beside them, the public call a user makes
+  (`measure_moe_call`): `fused_moe(x, idx, w, w1t, w2, buf, schedule=...)` with every other argument
+  at its default, on a buffer at its defaults (pacing `auto` unless the variant names one) sized for
+  the run's largest token count, cycling through 16 routings: `call_ns` (wall clock per call over 200
+  back-to-back calls), `host_ns` (median, `host_p10_ns`, `host_p90_ns`), `launches` (kernels per
+  call), `syncs`, `graph_ns` (the call replayed from a CUDA graph) and `call_note` (what was not
+  measured, and why; `xstage.bench.calls`). A plan prologue counts as call time, not kernel time.
+  `reduce_host_ns`: one `launch_reduce`'s host time, measured in the kernels' runs;
 - `unfused`: gather + copy of the rows for peers to the same destination, `torch._grouped_mm`
   Linear-1, SwiGLU, `torch._grouped_mm` Linear-2, copy of the output rows for peers back to the
   destination (the same exchange bytes as the fused kernel, without the reduce);
@@ -28,49 +37,74 @@ Example (a slice, GPU):
 
 from __future__ import annotations
 
+import statistics
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from xstage.bench.calls import CALL_COLUMNS, CALLS, ROUTINGS, CallMeasure, measure_call
 from xstage.bench.commands import add_grid_options
 from xstage.bench.moe_summary import read_moe_csv, summarize
+from xstage.comm.pacing import spec_of
 from xstage.dtypes import DTYPES as DTYPE_MAP
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.moe.baseline import ChainFP8, Unfused
-from xstage.moe.fused import launch_main, launch_reduce, plan
-from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
+from xstage.moe.buffer import LoopbackGroup, MoEBuffer
+from xstage.moe.fused import fused_moe, launch_main, launch_reduce, plan
+from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block, routing
 from xstage.moe.schedule import CANDIDATES
 from xstage.moe.variant import Variant, parse_variants
 from xstage.results import ResultWriter, Timing, emit, events, select, synchronize, time_device, timing_summary
 from xstage.results.output import Outputs, add_force_option
 
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+DECODE_TOKENS = (1, 8, 64, 256)  # tokens per rank of a decode step
+GRIDS = ("main", "decode")
 EPS = (2, 4, 8)
 # The grid measures the orders the planner ranks (`xstage.moe.schedule.CANDIDATES`).
 SCHEDULES = CANDIDATES
 COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "dtype", "variant", "time_ns", "time_p10_ns",
            "time_p90_ns", "reduce_ns", "tflops", "speedup", "rows", "remote_rows", "combine_link_ns", "block", "ctas",
-           "max_err", "err_fp8_ref", "fro_f32"]
+           "max_err", "err_fp8_ref", "fro_f32", *CALL_COLUMNS, "reduce_host_ns"]
+NO_CALL = dict.fromkeys(CALL_COLUMNS, "")  # a baseline's row: only fused variants are called
 KEYS = ["shape", "tokens", "ep", "path", "dtype", "variant"]
 RESULTS = "moe.csv"  # appended to by every run
 SUMMARY_FILES = ("summary.md", "speedup-*.png")  # written again from the CSV by every run
 
 
-def grid_configs() -> list[dict]:
-    """The 8 EP=1 configurations, then the 84 EP>1 ones (EP 8 first, the reference design's setting)."""
+def grid_configs(grid: str = "main") -> list[dict]:
+    """`main`: the 8 EP=1 configurations, then the 84 EP>1 ones (EP 8 first, the reference design's
+    setting); `decode`: decode-sized calls, `DECODE_TOKENS` tokens per rank at EP 1, 8, 4 and 2."""
+    if grid == "decode":
+        return [dict(shape=s, tokens=t, ep=ep) for ep in (1, *EPS[::-1]) for t in DECODE_TOKENS for s in SHAPES]
+    if grid != "main":
+        raise InputError(f"--grid {grid!r}: must be one of {', '.join(GRIDS)}")
     out = [dict(shape=s, tokens=t, ep=1) for s in SHAPES for t in (4096, 16384)]
     return out + [dict(shape=s, tokens=t, ep=ep) for ep in EPS[::-1] for t in TOKENS for s in SHAPES]
 
 
-def time_fused(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int = 30):
-    """Main kernel timing (median, p10, p90 ns), reduce median ns, the last run's output and the grid.
+@dataclass
+class Kernels:
+    """The kernels of one variant on the host-built table: the main kernel's timing, the reduce's
+    median ns, one `launch_reduce`'s median host time (ns), the last run's output, the grid and the
+    store pacing the kernels ran with."""
 
-    `variant` is a schedule with an optional pacing (`interleaved@off`, `xstage.moe.Variant`); without
-    one the buffer's default pacing applies."""
+    main: Timing
+    reduce_ns: float
+    reduce_host_ns: float
+    y: torch.Tensor
+    ctas: int
+    pacing: object
+
+
+def time_kernels(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int = 30) -> Kernels:
+    """The kernels of `variant` (a schedule with an optional pacing, `interleaved@off`; without one the
+    buffer's pacing applies), planned once on the host outside the timed runs."""
     v = variant if isinstance(variant, Variant) else Variant.parse(variant)
     p = plan(pb.idx, pb.buf, v.schedule, pacing=v.pacing_or("buffer"))
     y = torch.empty_like(pb.x)
@@ -78,13 +112,23 @@ def time_fused(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int = 
         launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p)
         launch_reduce(pb.idx, pb.w, y, pb.buf)
     synchronize()
-    main, red = time_main_and_reduce(pb, p, y, rep)
-    return main, red, y, p.schedule.num_ctas
+    host: list[float] = []
+    main, red = time_main_and_reduce(pb, p, y, rep, reduce_host=host)
+    return Kernels(main, red, statistics.median(host), y, p.schedule.num_ctas, p.pacing)
 
 
-def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[Timing, float]:
+def time_fused(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int = 30):
+    """Main kernel timing (median, p10, p90 ns), reduce median ns, the last run's output and the grid
+    (`time_kernels`)."""
+    k = time_kernels(pb, variant, warmup, rep)
+    return k.main, k.reduce_ns, k.y, k.ctas
+
+
+def time_main_and_reduce(pb, p, y, rep: int, before_each=None, reduce_host: list | None = None
+                         ) -> tuple[Timing, float]:
     """The main kernel's timing and the reduce's median ns over `rep` event-timed runs into `y`;
-    `before_each` (e.g. a barrier across ranks) runs before every timed run."""
+    `before_each` (e.g. a barrier across ranks) runs before every timed run; `reduce_host` (a list)
+    receives each `launch_reduce`'s host time (ns)."""
     a, b, c = events(rep), events(rep), events(rep)
     for i in range(rep):
         if before_each is not None:
@@ -92,7 +136,10 @@ def time_main_and_reduce(pb, p, y, rep: int, before_each=None) -> tuple[Timing, 
         a[i].record()
         launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p)
         b[i].record()
+        t0 = time.perf_counter_ns()
         launch_reduce(pb.idx, pb.w, y, pb.buf)
+        if reduce_host is not None:
+            reduce_host.append(time.perf_counter_ns() - t0)
         c[i].record()
     synchronize()
     pb.buf.check()
@@ -137,10 +184,46 @@ def _combine_link_ns(pb: Problem, un: Unfused, path: str) -> float | str:
     return un.n_remote * pb.H * 2 / load_default_profile(path).params.drain * 1e9
 
 
+def call_routings(idx: torch.Tensor, w: torch.Tensor, E: int, K: int, n: int = ROUTINGS,
+                  first_seed: int = 1) -> list[tuple]:
+    """`(idx, w)` first, then `n - 1` other uniform routings of as many tokens (seeds `first_seed`,
+    `first_seed + 1`, ...; `idx` must come from none of them): the distinct inputs the timed calls
+    cycle through."""
+    T = int(idx.shape[0])
+    return [(idx, w)] + [routing(T, E, K, idx.device, seed=first_seed + s) for s in range(n - 1)]
+
+
+def tolerance(dtype) -> float:
+    """Relative error a call may differ from the kernels by: rounding of the output dtype."""
+    return 1e-4 if dtype == torch.float32 else 2e-2
+
+
+def measure_moe_call(pb: Problem, v: Variant, buf: MoEBuffer, routes: list[tuple], k: Kernels,
+                     calls: int = CALLS) -> CallMeasure:
+    """The public call `fused_moe(x, idx, w, w1t, w2, buf, schedule=...)` of variant `v` with every
+    other argument at its default (the variant's pacing where it names one, else the buffer's), on
+    `routes` (`xstage.bench.calls.measure_call`); `x` is BF16 on an FP8 buffer (the call quantizes it).
+    Checked first against the kernels' output `k.y` on the same routing."""
+    kw = {"schedule": v.schedule} if v.pacing is None else {"schedule": v.schedule, "pacing": v.pacing}
+
+    def call(idx, w):
+        return fused_moe(pb.x, idx, w, pb.w1t, pb.w2, buf, **kw)
+
+    m = measure_call(call, routes, k.y, tolerance(pb.buf.out_dtype), calls=calls, after=buf.check)
+    paced = plan(pb.idx, buf, v.schedule, pacing=v.pacing_or("buffer")).pacing  # what the calls ran with
+    if paced != k.pacing:
+        m = CallMeasure(m.timing, m.launches, m.syncs, m.graph,
+                        (*m.notes, f"the call paced stores {spec_of(paced)}, the kernels {spec_of(k.pacing)}"))
+    return m
+
+
 def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None, warmup: int = 5, rep: int = 30,
-               block: str | None = None, log=print) -> list[dict]:
+               block: str | None = None, log=print, call_tokens: int | None = None, calls: int | None = CALLS
+               ) -> list[dict]:
     """Measure one configuration in one dtype (`cfg_row["dtype"]`, default bf16): every variant
-    (`SCHEDULE[@PACING]`), the unfused pipeline (and the chains at EP=1)."""
+    (`SCHEDULE[@PACING]`), its kernels and its public call (`measure_moe_call`, on a buffer for
+    `call_tokens` tokens, default this configuration's; `calls` back-to-back calls, None: the call is
+    not measured), the unfused pipeline (and the chains at EP=1)."""
     variants = [s if isinstance(s, Variant) else Variant.parse(s) for s in schedules]
     shape, T, ep = MoeShape.parse(cfg_row["shape"]), int(cfg_row["tokens"]), int(cfg_row["ep"])
     H, I, E, K = shape
@@ -155,16 +238,27 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
                 rows=pb.rows, remote_rows=un.n_remote, combine_link_ns=_combine_link_ns(pb, un, pth),
                 block=f"{cfg.block_m}x{cfg.block_n1}x{cfg.block_n2}x{cfg.block_k}")
     rows, outs = [], {}
+    # The calls run as a caller's would: a buffer at its defaults (pacing "auto"), sized for the run's
+    # largest token count, on distinct routings.
+    call_buf, routes = None, None
+    if calls is not None:
+        call_buf = MoEBuffer(max(T, call_tokens or T), E, K, H, I, LoopbackGroup(ep, path=pth), device=pb.x.device,
+                             dtype=dtype, config=cfg)
+        routes = call_routings(pb.idx, pb.w, E, K)
     for v in variants:
-        main, red, y, ctas = time_fused(pb, v, warmup, rep)
-        outs[str(v)] = y
-        rows.append(dict(base, variant=str(v), time_ns=main.median_ns, time_p10_ns=main.p10_ns, time_p90_ns=main.p90_ns,
-                         reduce_ns=red, ctas=ctas))
+        k = time_kernels(pb, v, warmup, rep)
+        outs[str(v)] = k.y
+        m = CallMeasure(notes=("call not measured",)) if calls is None else measure_moe_call(pb, v, call_buf, routes,
+                                                                                             k, calls)
+        rows.append(dict(base, variant=str(v), time_ns=k.main.median_ns, time_p10_ns=k.main.p10_ns,
+                         time_p90_ns=k.main.p90_ns, reduce_ns=k.reduce_ns, ctas=k.ctas, reduce_host_ns=k.reduce_host_ns,
+                         **m.columns()))
+    del call_buf, routes
 
     def baseline(name, fn):
         t = time_device(fn, warmup=warmup, rep=rep)
         rows.append(dict(base, variant=name, time_ns=t.median_ns, time_p10_ns=t.p10_ns, time_p90_ns=t.p90_ns,
-                         reduce_ns="", ctas=""))
+                         reduce_ns="", ctas="", reduce_host_ns="", **NO_CALL))
 
     baseline("unfused", un.full)
     if ep == 1:
@@ -190,10 +284,13 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
     if writer is not None:
         writer.write_many(rows)
     for r in rows:
+        call = "" if r["call_ns"] == "" else (f" call {r['call_ns'] / 1e3:.1f} us host {r['host_ns'] / 1e3:.1f} us "
+                                              f"{r['launches']} launches")
         log(f"{shape} T={T} EP={ep} {r['dtype']} {r['variant']:>12}: {r['time_ns'] / 1e3:9.1f} us "
             f"{r['tflops']:6.0f} TFLOP/s speedup {r['speedup'] if r['speedup'] == '' else round(r['speedup'], 3)} "
             f"err {r['max_err']}" + ("" if r["err_fp8_ref"] == "" else
-                                     f" fp8-ref {r['err_fp8_ref']:.2e} fro32 {r['fro_f32']:.3f}"))
+                                     f" fp8-ref {r['err_fp8_ref']:.2e} fro32 {r['fro_f32']:.3f}")
+            + call + (f" [{r['call_note']}]" if r["call_note"] else ""))
     return rows
 
 
@@ -219,7 +316,8 @@ def block_per_dtype(block: str | None, dtypes) -> dict[str, str | None]:
 
 
 def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup: int = 5, rep: int = 30,
-             budget_s: float | None = None, block: str | None = None, log=print, dtypes=("bf16",)) -> dict:
+             budget_s: float | None = None, block: str | None = None, log=print, dtypes=("bf16",),
+             grid: str = "main") -> dict:
     """Resumable: configurations already in `out_dir/moe.csv` are skipped; stops starting new ones after
     `budget_s`. Each configuration runs in every dtype of `dtypes` in turn. Returns the summary
     (`xstage.bench.moe_summary.summarize`)."""
@@ -231,7 +329,9 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
     out = Path(out_dir)
     writer = ResultWriter(out / RESULTS, COLUMNS, KEYS, require_commit=True)
     t0 = time.time()
-    for c in select(grid_configs(), only):
+    configs = select(grid_configs(grid), only)
+    call_tokens = max(int(c["tokens"]) for c in configs)  # every call's buffer holds the run's largest call
+    for c in configs:
         if budget_s is not None and time.time() - t0 > budget_s:
             log("time budget reached; rerun to continue")
             break
@@ -240,7 +340,8 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
             if writer.done(dict(c, path=pth, dtype=d, variant="unfused")):
                 continue
             try:
-                run_config(dict(c, dtype=d), path, variants, writer, warmup, rep, block=blocks.get(d), log=log)
+                run_config(dict(c, dtype=d), path, variants, writer, warmup, rep, block=blocks.get(d), log=log,
+                           call_tokens=call_tokens)
             except Exception:  # one configuration failing must not lose the rest of the grid
                 log(f"config {c} {d}: " + traceback.format_exc()[-2500:])
             torch.cuda.empty_cache()
@@ -250,6 +351,8 @@ def run_grid(out_dir, only=None, path: str = "host", schedules=SCHEDULES, warmup
 def register_bench(grids) -> None:
     p = grids.add_parser("moe", help="fused MoE schedules vs expert_wave and the unfused pipeline")
     add_grid_options(p)
+    p.add_argument("--grid", choices=GRIDS, default="main", help="main: the 84+8 configurations; decode: "
+                   f"{', '.join(map(str, DECODE_TOKENS))} tokens per rank at EP 1, 2, 4, 8 (default %(default)s)")
     p.add_argument("--path", choices=("host", "hbm"), default="host", help="loopback store path for EP>1 "
                    "(default host: pinned host memory over PCIe)")
     p.add_argument("--schedules", default=",".join(SCHEDULES), help="comma-separated variants SCHEDULE[@PACING], "
@@ -272,7 +375,7 @@ def _handler(args) -> int:
     for d in dtypes or [""]:  # an unknown dtype fails here, before any GPU work
         parse_dtype(d, "--dtype", allowed=("bf16", *FP8_DTYPES))
     block_per_dtype(args.block, dtypes)  # a malformed --block fails here, before any GPU work
-    select(grid_configs(), args.only)  # so does an --only that selects nothing
+    select(grid_configs(args.grid), args.only)  # so does an --only that selects nothing
     if args.summarize_only and not (out / RESULTS).is_file():
         raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
     if not args.summarize_only and not has_gpu():
@@ -284,6 +387,6 @@ def _handler(args) -> int:
             summary = summarize(out, rows=rows)
         else:
             summary = run_grid(out, args.only, args.path, variants, args.warmup, args.rep, args.budget_s,
-                               args.block, dtypes=dtypes)
+                               args.block, dtypes=dtypes, grid=args.grid)
     emit(summary, args.json, (out / "summary.md").read_text())
     return 0

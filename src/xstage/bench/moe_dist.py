@@ -10,7 +10,10 @@ real peer path (`xstage.comm` symmetric memory). For each configuration of the g
   path): `time_ns` the main kernel (dispatch, Linear-1 + SwiGLU, Linear-2 + combine push to the
   source ranks), `reduce_ns` the top-k reduce (which also waits for every peer's completion signal);
   a variant that cannot be planned (`model_guided` without an embedded profile of the peer path) is
-  skipped on every rank and logged;
+  skipped on every rank and logged. Beside the kernels, the variant's public call on a second buffer
+  of the group at its defaults, sized for the run's largest token count, every rank calling together
+  on its own 16 routings (`measure_peer_call`; the columns of `xstage.bench.moe`, each the slowest
+  rank's);
 - `unfused`: on the same routing, `time_ns` = gather + all_to_all dispatch + permute by expert
   + `torch._grouped_mm` Linear-1 (per-expert matmuls where it is missing) + SwiGLU + grouped GEMM
   Linear-2 + un-permute + all_to_all combine + scatter into (token, slot) order; `reduce_ns` the
@@ -37,20 +40,23 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
 import xstage.sched.plan  # noqa: F401  (registers the `model_guided` schedule)
-from xstage.bench.moe import COLUMNS, KEYS
+from xstage.bench.calls import CALLS, ROUTINGS, measure_call
+from xstage.bench.moe import COLUMNS, KEYS, NO_CALL, call_routings, tolerance
 from xstage.bench.moe_summary import summarize
 from xstage.bench.runtime import Runtime, add_dist_options, check_repeats
 from xstage.dtypes import dtype_name
 from xstage.errors import InputError, XstageError
 from xstage.moe import BlockConfig, MoEBuffer, transform_weights
 from xstage.moe.baseline import _grouped_mm
-from xstage.moe.fused import launch_main, launch_reduce, plan
+from xstage.moe.fused import fused_moe, launch_main, launch_reduce, plan
 from xstage.moe.problem import SHAPES, MoeShape, parse_block, routing
 from xstage.moe.schedule import CANDIDATES
 from xstage.moe.variant import Variant, parse_variants
@@ -138,24 +144,28 @@ class PeerProblem:
             self.buf = None
 
 
-def time_parts(rt: Runtime, first, second, rep: int) -> tuple[list[float], list[float]]:
+def time_parts(rt: Runtime, first, second, rep: int, second_host: list | None = None
+               ) -> tuple[list[float], list[float]]:
     """`first()` then `second()`, `rep` runs each started after a barrier of the group; this rank's
-    times (ns) of both parts per run."""
+    times (ns) of both parts per run. `second_host` (a list) receives each `second()`'s host time (ns)."""
     a, b, c = events(rep), events(rep), events(rep)
     for i in range(rep):
         rt.barrier()
         a[i].record()
         first()
         b[i].record()
+        t0 = time.perf_counter_ns()
         second()
+        if second_host is not None:
+            second_host.append(time.perf_counter_ns() - t0)
         c[i].record()
     synchronize()
     return [a[i].elapsed_time(b[i]) * 1e6 for i in range(rep)], [b[i].elapsed_time(c[i]) * 1e6 for i in range(rep)]
 
 
-def time_fused_peer(pb: PeerProblem, rt: Runtime, p, warmup: int, rep: int):
+def time_fused_peer(pb: PeerProblem, rt: Runtime, p, warmup: int, rep: int, reduce_host: list | None = None):
     """This rank's main-kernel and reduce times (ns) per run of a planned schedule, and the first
-    run's output."""
+    run's output; `reduce_host` (a list) receives each `launch_reduce`'s host time (ns)."""
     y0 = torch.empty_like(pb.x)
     pb.buf.combine.fill_(float("nan"))  # a combine row no peer stored shows up as NaN in y0
     for i in range(1 + warmup):
@@ -167,7 +177,7 @@ def time_fused_peer(pb: PeerProblem, rt: Runtime, p, warmup: int, rep: int):
             pb.buf.check()
     y = torch.empty_like(pb.x)
     main, red = time_parts(rt, lambda: launch_main(pb.x, pb.w1t, pb.w2, pb.buf, p),
-                           lambda: launch_reduce(pb.idx, pb.w, y, pb.buf), rep)
+                           lambda: launch_reduce(pb.idx, pb.w, y, pb.buf), rep, reduce_host)
     pb.buf.check()
     return main, red, y0
 
@@ -230,14 +240,42 @@ class PeerUnfused:
         return main, red, y0
 
 
-def _tolerance(dtype) -> float:
-    return 1e-4 if dtype == torch.float32 else 2e-2
+_CALL_NUMBERS = ("call_ns", "host_ns", "host_p10_ns", "host_p90_ns", "launches", "syncs", "graph_ns")
+
+
+def measure_peer_call(pb: PeerProblem, rt: Runtime, v: Variant, buf: MoEBuffer, routes: list[tuple],
+                      y_kernels: torch.Tensor, calls: int) -> dict:
+    """The public call of variant `v` on the group's call buffer `buf` (defaults as in
+    `xstage.bench.moe.measure_moe_call`), every rank calling together on its own routings; the call
+    columns of the slowest rank: each number the maximum over ranks, empty where a rank has none, the
+    notes of every rank."""
+    kw = {"schedule": v.schedule} if v.pacing is None else {"schedule": v.schedule, "pacing": v.pacing}
+
+    def call(idx, w):
+        return fused_moe(pb.x, idx, w, pb.w1t, pb.w2, buf, **kw)
+
+    rt.barrier()
+    cols = measure_call(call, routes, y_kernels, tolerance(pb.x.dtype), calls=calls, after=buf.check,
+                        agree=rt.all_ok).columns()
+    mine = [float(cols[c]) if cols[c] != "" else -math.inf for c in _CALL_NUMBERS]
+    worst = rt.max_over_ranks(mine + [1.0 if cols[c] == "" else 0.0 for c in _CALL_NUMBERS])
+    n = len(_CALL_NUMBERS)
+    for i, c in enumerate(_CALL_NUMBERS):
+        cols[c] = "" if worst[n + i] else (int(worst[i]) if c in ("launches", "syncs") else worst[i])
+    notes = [note for per_rank in rt.gather(cols["call_note"]) for note in per_rank.split("; ") if note]
+    cols["call_note"] = "; ".join(dict.fromkeys(notes))
+    return cols
 
 
 def run_peer_config(c: dict, rt: Runtime, variants: list[Variant], writer: ResultWriter | None, warmup: int,
                     rep: int, dtype, block: str | None = None, cfg: BlockConfig | None = None,
-                    dump: dict | None = None) -> list[dict]:
+                    dump: dict | None = None, call_tokens: int | None = None, calls: int | None = CALLS
+                    ) -> list[dict]:
     """Measure one configuration on every rank; rank 0 writes the rows. [] when it could not be built.
+
+    Each variant's kernels, then its public call (`measure_peer_call`) on a second buffer of the
+    group at its defaults, sized for `call_tokens` (default this configuration's tokens); `calls`
+    back-to-back calls (None: the call is not measured).
 
     Building the inputs and planning each variant end in an agreement across ranks, so a failure
     there (memory, a schedule the planner cannot resolve) skips the configuration or variant on
@@ -257,6 +295,11 @@ def run_peer_config(c: dict, rt: Runtime, variants: list[Variant], writer: Resul
     base = dict(shape=shape, H=pb.H, I=pb.I, E=pb.E, K=pb.K, tokens=T, ep=rt.world, path=PATH, rows=pb.rows,
                 block=f"{cfg.block_m}x{cfg.block_n1}x{cfg.block_n2}x{cfg.block_k}")
     measured, outs = [], {}
+    call_buf, routes = None, None
+    if calls is not None:
+        call_buf = MoEBuffer(max(T, call_tokens or T), pb.E, pb.K, pb.H, pb.I, rt.group, device=rt.device,
+                             dtype=pb.x.dtype, config=cfg)
+        routes = call_routings(pb.idx, pb.w, pb.E, pb.K, first_seed=1000 * (rt.rank + 1))
     for v in variants:
         p, err = None, ""
         try:
@@ -266,9 +309,14 @@ def run_peer_config(c: dict, rt: Runtime, variants: list[Variant], writer: Resul
         if not rt.all_ok(p is not None):
             rt.log(f"{shape} T={T} {v}: skipped on every rank ({err or 'failed on another rank'})")
             continue
-        main, red, y0 = time_fused_peer(pb, rt, p, warmup, rep)
+        host: list[float] = []
+        main, red, y0 = time_fused_peer(pb, rt, p, warmup, rep, host)
         outs[str(v)] = y0
-        measured.append((v, main, red, p.schedule.num_ctas))
+        call = (dict(NO_CALL, call_note="call not measured") if call_buf is None
+                else measure_peer_call(pb, rt, v, call_buf, routes, y0, calls))
+        measured.append((v, main, red, p.schedule.num_ctas, statistics.median(host), call))
+    if call_buf is not None:
+        call_buf.ctx.close()
     un = PeerUnfused(pb, rt)
     u_main, u_red, y_un = un.time(warmup, rep)
     scale = float(y_un.float().abs().max()) or 1.0
@@ -277,16 +325,19 @@ def run_peer_config(c: dict, rt: Runtime, variants: list[Variant], writer: Resul
     if dump is not None:
         dump.update({(shape, T, s): y.cpu() for s, y in outs.items()})
         dump[(shape, T, "unfused")] = y_un.cpu()
-    times = rt.timings(*[t for _, main, red, _ in measured for t in (main, red)], u_main, u_red)
+    times = rt.timings(*[t for _, main, red, *_ in measured for t in (main, red)], u_main, u_red)
     errs = rt.max_over_ranks(errs + [0.0 if same else 1.0])  # the worst rank counts
+    reduce_host = rt.max_over_ranks([m[4] for m in measured])
     rows = []
-    for i, (v, _, _, ctas) in enumerate(measured):
+    for i, (v, _, _, ctas, _, call) in enumerate(measured):
         main, red = times[2 * i], times[2 * i + 1]
         rows.append(dict(base, variant=str(v), time_ns=main.median_ns, time_p10_ns=main.p10_ns,
-                         time_p90_ns=main.p90_ns, reduce_ns=red.median_ns, ctas=ctas, max_err=errs[i]))
+                         time_p90_ns=main.p90_ns, reduce_ns=red.median_ns, ctas=ctas, max_err=errs[i],
+                         reduce_host_ns=reduce_host[i], **call))
     u_main_t, u_red_t = times[-2], times[-1]
     rows.append(dict(base, variant="unfused", time_ns=u_main_t.median_ns, time_p10_ns=u_main_t.p10_ns,
-                     time_p90_ns=u_main_t.p90_ns, reduce_ns=u_red_t.median_ns, ctas="", max_err=""))
+                     time_p90_ns=u_main_t.p90_ns, reduce_ns=u_red_t.median_ns, ctas="", max_err="",
+                     reduce_host_ns="", **NO_CALL))
     # over expert_wave at the same pacing (the default pacing for the unfused baseline)
     pacing_of = {str(v): v.pacing_or(DEFAULT_PACING) for v, *_ in measured}
     ew = {pacing_of[r["variant"]]: r["time_ns"] for (v, *_), r in zip(measured, rows) if v.schedule == "expert_wave"}
@@ -294,14 +345,16 @@ def run_peer_config(c: dict, rt: Runtime, variants: list[Variant], writer: Resul
         r["tflops"] = pb.flops() / r["time_ns"] / 1e3
         base_ew = ew.get(pacing_of.get(r["variant"], DEFAULT_PACING))
         r["speedup"] = base_ew / r["time_ns"] if base_ew else ""
-    tol = _tolerance(dtype)
+    tol = tolerance(dtype)
     if writer is not None:
         writer.write_many(rows)
     for r in rows:
         ok = r["max_err"] == "" or r["max_err"] <= tol
+        call = "" if r["call_ns"] == "" else f" call {r['call_ns'] / 1e3:.1f} us, {r['launches']} launches"
         rt.log(f"{shape} T={T} EP={rt.world} {r['variant']:>12}: {r['time_ns'] / 1e3:9.1f} us "
                f"(+{r['reduce_ns'] / 1e3:.1f} reduce) {r['tflops']:6.1f} TFLOP/s speedup "
-               f"{'' if r['speedup'] == '' else round(r['speedup'], 3)} err {r['max_err']}{'' if ok else ' FAIL'}")
+               f"{'' if r['speedup'] == '' else round(r['speedup'], 3)} err {r['max_err']}{'' if ok else ' FAIL'}"
+               + call + (f" [{r['call_note']}]" if r["call_note"] else ""))
     if errs[-1]:
         rt.log(f"{shape} T={T}: schedules gave outputs that are not bitwise equal on some rank")
     pb.close()
@@ -319,7 +372,9 @@ def run_peer_grid(out_dir, rt: Runtime, only=None, variants=SCHEDULES, warmup: i
     writer = ResultWriter(out / "moe.csv", COLUMNS, KEYS, require_commit=True) if rt.rank == 0 else None
     outputs: dict | None = {} if dump else None
     t0 = time.time()
-    for c in select(peer_configs(rt.world, tiny), only):
+    configs = select(peer_configs(rt.world, tiny), only)
+    call_tokens = max(int(c["tokens"]) for c in configs)  # every call's buffer holds the run's largest call
+    for c in configs:
         decision = None
         if rt.rank == 0:
             if budget_s is not None and time.time() - t0 > budget_s:
@@ -334,7 +389,8 @@ def run_peer_grid(out_dir, rt: Runtime, only=None, variants=SCHEDULES, warmup: i
             continue
         try:
             run_peer_config(c, rt, variants, writer, warmup, rep, dtype, block=block,
-                            cfg=TINY_BLOCK if tiny else None, dump=outputs)
+                            cfg=TINY_BLOCK if tiny else None, dump=outputs, call_tokens=call_tokens,
+                            calls=ROUTINGS if tiny else CALLS)
         except Exception as exc:
             raise XstageError(f"rank {rt.rank}, configuration {c}: {type(exc).__name__}: {exc}") from exc
         gc.collect()

@@ -183,6 +183,7 @@ def _article(name: str) -> str:
 # Every kind, so that a file of one kind given where another is read is named for what it is.
 CSV_KINDS = {
     "moe": CsvKind("MoE results", "`xstage bench moe`", ("shape", "H", "I", "E", "K", "ep", "variant")),
+    "moe-calls": CsvKind("MoE call comparison", "`xstage bench moe-calls`", ("model", "side", "call_ns")),
     "ulysses": CsvKind("Ulysses results", "`xstage bench ulysses`", ("heads", "dim", "tokens", "P", "variant")),
     "ulysses-core": CsvKind("attention-core results", "`xstage bench ulysses --core`",
                             ("impl", "layout", "ratio_vs_cudnn")),
