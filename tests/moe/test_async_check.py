@@ -377,10 +377,11 @@ def test_gpu_async_call_with_the_device_plan_makes_no_host_sync():
     ref = fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", check=True)  # compiles, fixes the decisions
     fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", plan_on="device")
     buf.check()
+    bad_idx = _with_bad_ids(idx)  # writing ids from Python synchronises: before the checked region
     torch.cuda.set_sync_debug_mode("error")
     try:
         ys = [fused_moe(x, idx, w, w1t, w2, buf, schedule="lag:1", plan_on="device") for _ in range(3)]
-        bad = fused_moe(x, _with_bad_ids(idx), w, w1t, w2, buf, schedule="lag:1", plan_on="device")
+        bad = fused_moe(x, bad_idx, w, w1t, w2, buf, schedule="lag:1", plan_on="device")
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert all(torch.equal(y, ref) for y in ys) and bad.shape == ref.shape
