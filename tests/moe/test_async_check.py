@@ -9,13 +9,11 @@ range dropped (their weight set to zero). Multi-rank cases spawn gloo ranks (`te
 the `gpu` cases need the H200 (loopback, and ranks sharing one GPU).
 """
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.moe.hopper import assert_compiles_for_hopper
 from tests.moe.robustness import run
 from xstage.errors import CommTimeoutError, InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
@@ -323,12 +321,7 @@ print("compiled")
 
 @pytest.mark.slow
 def test_the_changed_kernels_compile_for_hopper():
-    # The interpreter runs what the GPU compiler may refuse: compile them for sm_90 here, without a GPU.
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", _HOPPER_COMPILE], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]
+    assert_compiles_for_hopper(_HOPPER_COMPILE)
 
 
 # ---- GPU ---------------------------------------------------------------------------------------------

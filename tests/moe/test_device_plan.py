@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.moe.hopper import assert_compiles_for_hopper
 from xstage.errors import InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
 from xstage.moe.buffer import MIN_POOL_UNITS
@@ -354,17 +355,8 @@ print("compiled")
 
 @pytest.mark.slow
 def test_prologue_compiles_for_hopper():
-    # The interpreter runs what the GPU compiler refuses (a loop changing a variable's shape, say):
-    # compile the single launch of each order for sm_90 here, without a GPU.
-    import os
-    import subprocess
-    import sys
-
-    pytest.importorskip("triton.backends.nvidia.compiler")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(sys.path))
-    out = subprocess.run([sys.executable, "-c", _HOPPER_COMPILE], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0 and "compiled" in out.stdout, out.stderr[-3000:]
+    # The single launch of each order (`tests.moe.hopper`).
+    assert_compiles_for_hopper(_HOPPER_COMPILE)
 
 
 # ---- GPU: the single launch with its grid barriers, no host sync, CUDA-graph capture -------------
