@@ -78,7 +78,6 @@ _NO_CAP = tl.constexpr(1 << 30)
 _PE_ROWS = 8  # per-program rows: ustart, uend, offset, counts, schedule units, wave, fill, [U]
 _UNIT_COLS = 10  # expert, m block, rows, wave, then the rest-order parameters (b1, j1, c1, b2, j2, a2)
 _BE, _BT, _BC = 64, 128, 256
-_WB = 8  # experts per step of the wave split's loop
 _CPU_PROGRAMS = 4  # scratch rows for the interpreter, where tests run up to this many programs
 
 
@@ -213,7 +212,6 @@ def moe_plan_kernel(
     LAST: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, ELP: tl.constexpr, LOG_E: tl.constexpr,
     UTOP: tl.constexpr, LOG_U: tl.constexpr, BE: tl.constexpr, BU: tl.constexpr, BT: tl.constexpr,
     GB: tl.constexpr, BC: tl.constexpr, TC: tl.constexpr, PE: tl.constexpr, UC: tl.constexpr,
-    WB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -281,27 +279,19 @@ def moe_plan_kernel(
         tl.debug_barrier()
         if ORDER != 2:
             # The one sequential step, over experts: (wave, fill) as `schedule._waves` carries them.
-            # WB experts per step: their loads come first and no store sits between them, so they are in
-            # flight together and the chain waits on one load latency per step, not per expert.
             cur = U * 0
             w = U * 0
-            o_wb = tl.arange(0, WB)
-            for i0 in range(0, EL, WB):
-                w_v = tl.zeros([WB], tl.int32)
-                c_v = tl.zeros([WB], tl.int32)
-                for j in tl.static_range(WB):
-                    n_e = tl.load(p_me + 4 * ELP + i0 + j, mask=i0 + j < EL, other=0)
-                    has = n_e > 0
-                    reset = has & ((cur >= mu) | (cur.to(tl.int64) * n1 >= 2 * C))
-                    w += reset.to(tl.int32)
-                    cur = tl.where(reset, 0, cur)
-                    w_v = tl.where(o_wb == j, w, w_v)
-                    c_v = tl.where(o_wb == j, cur, c_v)
-                    last_u = cur + n_e - 1
-                    w = tl.where(has, w + last_u // mu, w)
-                    cur = tl.where(has, last_u % mu + 1, cur)
-                tl.store(p_me + 5 * ELP + i0 + o_wb, w_v, mask=i0 + o_wb < EL)
-                tl.store(p_me + 6 * ELP + i0 + o_wb, c_v, mask=i0 + o_wb < EL)
+            for i_e in range(0, EL):
+                n_e = tl.load(p_me + 4 * ELP + i_e)
+                has = n_e > 0
+                reset = has & ((cur >= mu) | (cur.to(tl.int64) * n1 >= 2 * C))
+                w += reset.to(tl.int32)
+                cur = tl.where(reset, 0, cur)
+                tl.store(p_me + 5 * ELP + i_e, w)
+                tl.store(p_me + 6 * ELP + i_e, cur)
+                last_u = cur + n_e - 1
+                w = tl.where(has, w + last_u // mu, w)
+                cur = tl.where(has, last_u % mu + 1, cur)
             tl.debug_barrier()
         o_bm = tl.arange(0, BM)
         for u0 in range(pid * BU, units_cap, G * BU):
@@ -557,7 +547,7 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
                   ELP=st.elp, LOG_E=st.elp.bit_length() - 1, UTOP=utop, LOG_U=utop.bit_length() - 1,
                   BE=max(16, min(_BE, 8192 // st.elp)), BU=min(64, 4096 // c.block_m), BT=_BT,
                   GB=max(1, min(triton.next_power_of_2(st.programs_max), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
-                  PE=_PE_ROWS, UC=_UNIT_COLS, WB=_WB, **({"num_warps": 4} if on_gpu else {}))
+                  PE=_PE_ROWS, UC=_UNIT_COLS, **({"num_warps": 4} if on_gpu else {}))
     if compile_only:
         moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
         return None
