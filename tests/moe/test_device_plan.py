@@ -334,7 +334,7 @@ from triton.compiler import ASTSource
 from xstage.moe.device_plan import moe_plan_kernel
 
 consts = dict(BM=128, FIRST=1, LAST=4, WAIT=True, USE_PTX=True, ELP=128, LOG_E=7, UTOP=512, LOG_U=9, BE=64,
-              BU=32, BT=128, GB=64, BC=256, TC=8, PE=8, UC=10)
+              BU=32, BT=128, GB=64, BC=256, TC=8, PE=8, UC=10, WB=8)
 for order, rr, loopback in ((0, False, True), (1, True, False), (2, True, True)):
     c = dict(consts, ORDER=order, RR=rr, LOOPBACK=loopback)
     sig = {}

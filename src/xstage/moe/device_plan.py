@@ -26,9 +26,9 @@ split of experts into waves is sequential, and it runs over experts, not units.
   tasks, and whenever it holds the pool's cap (pool//2 units for expert_wave, pool//3 interleaved).
   One loop over experts carries (wave, fill); each unit's wave follows from its expert's entry.
 - Layout: a stable counting sort. Each program takes a contiguous range of the flattened routing
-  `[R, T, K]`, ranks its entries per expert (a prefix sum over a one-hot [BE, E_local] block, plus
-  a running count kept in registers), and publishes its per-expert counts; a row then lands at
-  expert start + the counts of earlier programs + its rank.
+  `[R, T, K]`, ranks its entries per expert block by block (a [BE, BE] comparison within the block,
+  plus the program's running count per expert), and publishes its per-expert counts; a row then
+  lands at expert start + the counts of earlier programs + its rank.
 
 Phases of `moe_plan_kernel` (G programs, G <= SMs, all co-resident): (1) rank the routing; (2) every
 program reduces the G count rows itself (no extra barrier), units per expert, the wave loop, unit_info,
@@ -38,7 +38,7 @@ barrier (an arrival counter, bounded by the buffer's watchdog): 3 for expert_wav
 (programs run one after another) the phases are separate launches instead.
 
 Cost model (device time of the prologue, for the GPU session to hold against measurements):
-  launch + phase 1: R T K / (G BE) blocks of a [BE, E_local] one-hot prefix sum each
+  launch + phase 1: R T K / (G BE) blocks of a [BE, BE] comparison and two barriers each
   + one barrier per phase boundary (an atomic round trip through L2 and polling)
   + phase 2: G x E_local count words read by every program, and for expert_wave / interleaved a
     dependent scalar loop of E_local iterations (the one sequential step), + units_cap / G unit slots
@@ -78,6 +78,7 @@ _NO_CAP = tl.constexpr(1 << 30)
 _PE_ROWS = 8  # per-program rows: ustart, uend, offset, counts, schedule units, wave, fill, [U]
 _UNIT_COLS = 10  # expert, m block, rows, wave, then the rest-order parameters (b1, j1, c1, b2, j2, a2)
 _BE, _BT, _BC = 64, 128, 256
+_WB = 8  # experts per step of the uncapped wave split
 _CPU_PROGRAMS = 4  # scratch rows for the interpreter, where tests run up to this many programs
 
 
@@ -113,20 +114,25 @@ def _grid_barrier(p_bar, target, p_err, p_failed, code, timeout_ns, max_spins, U
 @triton.jit
 def _route(p_idx, p_idx_delta, o, m, rank, T, K, E, EL, LOOPBACK: tl.constexpr):
     """(local expert, whether it is this rank's) of flat routing entries `o = (source T + token) K +
-    slot`. Loopback synthesises source s as the own routing shifted by s E_local (`fused._all_topk`,
-    a floor modulo as torch's); otherwise source s's rows are at `p_idx + delta[s]`. Ids outside
-    [0, E) are never this rank's (memory-safe without the host's range check)."""
+    slot`. Loopback synthesises source s as the own routing shifted by s E_local modulo E
+    (`fused._all_topk`); otherwise source s's rows are at `p_idx + delta[s]`. Ids outside [0, E) are
+    never this rank's, in any source (memory-safe without the host's range check)."""
     s = o // (T * K)
     tk = o - s * (T * K)
     if LOOPBACK:
-        v = tl.load(p_idx + tk, mask=m, other=0).to(tl.int64) + s.to(tl.int64) * EL
-        v = v % E
-        v = tl.where(v < 0, v + E, v)
+        raw = tl.load(p_idx + tk, mask=m, other=-1).to(tl.int64)
     else:
         d = tl.load(p_idx_delta + s, mask=m, other=0)
-        v = tl.load(p_idx + d + tk, mask=m, other=-1).to(tl.int64)
-    mine = m & (v >= rank * EL) & (v < (rank + 1) * EL)
-    return tl.where(mine, v - rank * EL, 0).to(tl.int32), mine
+        raw = tl.load(p_idx + d + tk, mask=m, other=-1).to(tl.int64)
+    ok = (raw >= 0) & (raw < E)
+    v = tl.where(ok, raw, 0).to(tl.int32)
+    if LOOPBACK:
+        # s E_local < E, so one subtraction is the modulo (an int64 modulo per entry cost more than
+        # the rest of the ranking).
+        v += s * EL
+        v = tl.where(v >= E, v - E, v)
+    mine = m & ok & (v >= rank * EL) & (v < (rank + 1) * EL)
+    return tl.where(mine, v - rank * EL, 0), mine
 
 
 @triton.jit
@@ -212,6 +218,7 @@ def moe_plan_kernel(
     LAST: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, ELP: tl.constexpr, LOG_E: tl.constexpr,
     UTOP: tl.constexpr, LOG_U: tl.constexpr, BE: tl.constexpr, BU: tl.constexpr, BT: tl.constexpr,
     GB: tl.constexpr, BC: tl.constexpr, TC: tl.constexpr, PE: tl.constexpr, UC: tl.constexpr,
+    WB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -227,18 +234,25 @@ def moe_plan_kernel(
     e_lo = pid * span
     e_hi = tl.minimum(e_lo + span, n_ent)
     if FIRST <= 1:
-        # (1) Rank each entry among this program's entries of its expert; count them per expert. The
-        # running counts stay in registers (a one-hot [BE, ELP] block and its prefix sum): no memory
-        # round trip orders one block after the last.
-        hist = tl.zeros([ELP], tl.int32)
+        # (1) Rank each entry among this program's entries of its expert; count them per expert. Per
+        # block of BE entries: an entry's rank among the block's earlier entries of its expert (a
+        # [BE, BE] comparison), plus the program's running count of that expert, kept in its `hist`
+        # row; the block's last entry of each expert then advances that count (one writer per expert).
+        # Cost per block: BE^2 comparisons, independent of E_local (a one-hot [BE, E_local] prefix sum
+        # took about 17 us per block on the H200).
+        tl.store(p_h + o_e, tl.zeros([ELP], tl.int32))
+        tl.debug_barrier()
         for c0 in range(e_lo, e_hi, BE):
             o = c0 + o_be
             key, mine = _route(p_idx, p_idx_delta, o, o < e_hi, rank, T, K, E, EL, LOOPBACK)
-            hot = ((key[:, None] == o_e[None, :]) & mine[:, None]).to(tl.int32)  # [BE, ELP]
-            upto = tl.cumsum(hot, axis=0) + hist[None, :] - 1  # the rank of an entry of each expert
-            tl.store(p_rank + o, tl.sum(hot * upto, axis=1), mask=mine)
-            hist += tl.sum(hot, axis=0)
-        tl.store(p_h + o_e, hist)
+            same = (key[:, None] == key[None, :]) & mine[:, None] & mine[None, :]  # [BE, BE]
+            before = tl.sum((same & (o_be[None, :] < o_be[:, None])).to(tl.int32), axis=1)
+            after = tl.sum((same & (o_be[None, :] > o_be[:, None])).to(tl.int32), axis=1)
+            r = tl.load(p_h + key, mask=mine, other=0) + before
+            tl.store(p_rank + o, r, mask=mine)
+            tl.debug_barrier()  # every count is read before any is advanced
+            tl.store(p_h + key, r + 1, mask=mine & (after == 0))
+            tl.debug_barrier()
         if WAIT and LAST >= 2:
             _grid_barrier(p_bar, G, p_err, p_bar + 2, code, timeout_ns, max_spins, USE_PTX)
     if FIRST <= 2 and LAST >= 2:
@@ -281,17 +295,34 @@ def moe_plan_kernel(
             # The one sequential step, over experts: (wave, fill) as `schedule._waves` carries them.
             cur = U * 0
             w = U * 0
-            for i_e in range(0, EL):
-                n_e = tl.load(p_me + 4 * ELP + i_e)
-                has = n_e > 0
-                reset = has & ((cur >= mu) | (cur.to(tl.int64) * n1 >= 2 * C))
-                w += reset.to(tl.int32)
-                cur = tl.where(reset, 0, cur)
-                tl.store(p_me + 5 * ELP + i_e, w)
-                tl.store(p_me + 6 * ELP + i_e, cur)
-                last_u = cur + n_e - 1
-                w = tl.where(has, w + last_u // mu, w)
-                cur = tl.where(has, last_u % mu + 1, cur)
+            if pooled:
+                for i_e in range(0, EL):
+                    n_e = tl.load(p_me + 4 * ELP + i_e)
+                    has = n_e > 0
+                    reset = has & ((cur >= mu) | (cur.to(tl.int64) * n1 >= 2 * C))
+                    w += reset.to(tl.int32)
+                    cur = tl.where(reset, 0, cur)
+                    tl.store(p_me + 5 * ELP + i_e, w)
+                    tl.store(p_me + 6 * ELP + i_e, cur)
+                    last_u = cur + n_e - 1
+                    w = tl.where(has, w + last_u // mu, w)
+                    cur = tl.where(has, last_u % mu + 1, cur)
+            else:
+                # No cap: the chain is a compare, a select and an add per expert (no division), with
+                # WB experts' loads ahead of it and the outputs kept in registers until the end.
+                thr = (2 * C + n1 - 1) // n1  # cur n1 >= 2 C, for n1 >= 1
+                w_v = tl.zeros([ELP], tl.int32)
+                c_v = tl.zeros([ELP], tl.int32)
+                for i0 in range(0, EL, WB):
+                    for j in tl.static_range(WB):
+                        n_e = tl.load(p_me + 4 * ELP + i0 + j, mask=i0 + j < EL, other=0)
+                        reset = (n_e > 0) & (cur >= thr)
+                        w += reset.to(tl.int32)
+                        cur = tl.where(reset, 0, cur) + n_e
+                        w_v = tl.where(o_e == i0 + j, w, w_v)
+                        c_v = tl.where(o_e == i0 + j, cur - n_e, c_v)
+                tl.store(p_me + 5 * ELP + o_e, w_v)
+                tl.store(p_me + 6 * ELP + o_e, c_v)
             tl.debug_barrier()
         o_bm = tl.arange(0, BM)
         for u0 in range(pid * BU, units_cap, G * BU):
@@ -545,9 +576,9 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
             n1, n2, ctas, 2 * ctas, min(k, buf.units_cap), timeout_ns, max_spins, STAGE_PLAN_BARRIER * 65536 + rank)
     consts = dict(BM=c.block_m, ORDER=_ORDER_CODE[base], RR=not c.dynamic, LOOPBACK=loopback, USE_PTX=use_ptx,
                   ELP=st.elp, LOG_E=st.elp.bit_length() - 1, UTOP=utop, LOG_U=utop.bit_length() - 1,
-                  BE=max(16, min(_BE, 8192 // st.elp)), BU=min(64, 4096 // c.block_m), BT=_BT,
+                  BE=_BE, BU=min(64, 4096 // c.block_m), BT=_BT,
                   GB=max(1, min(triton.next_power_of_2(st.programs_max), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
-                  PE=_PE_ROWS, UC=_UNIT_COLS, **({"num_warps": 4} if on_gpu else {}))
+                  PE=_PE_ROWS, UC=_UNIT_COLS, WB=_WB, **({"num_warps": 4} if on_gpu else {}))
     if compile_only:
         moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
         return None

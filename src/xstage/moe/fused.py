@@ -125,8 +125,10 @@ def _all_topk(topk_idx: torch.Tensor, buf: MoEBuffer) -> torch.Tensor:
     """Every rank's routing `[R, T, K]`: synthesised on loopback, all-gathered in a real group."""
     idx = topk_idx.long()
     if buf.loopback:
+        # An id outside [0, E) stays outside in every synthesised source: no rank takes it, as in a real group.
         shifts = torch.arange(buf.R, device=idx.device)[:, None, None] * buf.E_local
-        return (idx[None] + shifts) % buf.E
+        ok = (idx >= 0) & (idx < buf.E)
+        return torch.where(ok[None], (idx[None] + shifts) % buf.E, idx[None].expand(buf.R, *idx.shape))
     # Every rank copied its routing into its symmetric buffer before the barrier in `fused_moe`.
     return torch.stack([p for p in buf.idx_peers]).to(idx.device)
 
