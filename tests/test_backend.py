@@ -52,3 +52,44 @@ def test_other_dtypes_pass(dtype):
 def test_bf16_passes_where_kernels_are_compiled(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     refuse_interpreter_bf16(torch.bfloat16)
+
+
+# ---- backend.launch: relaunching a compiled kernel without Triton's binding -------------------------
+
+def test_launch_key_separates_what_triton_specialises_on():
+    # A cached kernel is reused only where Triton would pick the same one: these must all differ.
+    from xstage.backend import _spec
+
+    t = torch.zeros(64, dtype=torch.float32)
+    assert _spec(t) != _spec(t[1:])  # 16-byte aligned, or not
+    assert _spec(t) != _spec(t.half())  # dtype
+    # 1, other i32, i32 divisible by 16, past i32 (divisible by 16 or not)
+    assert len({_spec(1), _spec(2), _spec(16), _spec(2**31), _spec(-(2**31) - 1)}) == 5
+    assert _spec(True) != _spec(False) and _spec(None) is None
+    assert _spec(32) == _spec(48) and _spec(3) == _spec(17)  # the same specialisation: one entry
+
+
+@pytest.mark.gpu
+def test_launch_matches_tritons_own_launch_on_every_specialisation():
+    # The same kernel through `launch` (cached after the first launch of a key) and through Triton, on
+    # aligned and unaligned pointers and ints Triton specialises differently; results against torch.
+    import triton
+    import triton.language as tl
+
+    from xstage import backend
+
+    @triton.jit
+    def axpb(p_x, p_y, n, a, B: tl.constexpr):
+        o = tl.program_id(0) * B + tl.arange(0, B)
+        m = o < n
+        tl.store(p_y + o, tl.load(p_x + o, mask=m) * a + 1.0, mask=m)
+
+    base = torch.randn(4096 + 1, device="cuda")
+    for _rep in range(3):  # the first launch of each key compiles, the later ones reuse it
+        for off, n, a in ((0, 4096, 2), (1, 4096, 2), (0, 1, 3), (0, 17, 1), (1, 1000, 16)):
+            x = base[off: off + n]
+            y = torch.full_like(x, float("nan"))
+            backend.launch(axpb, (triton.cdiv(n, 128),), (x, y, n, a), dict(B=128, num_warps=4))
+            torch.testing.assert_close(y, x * a + 1.0, rtol=0, atol=0)
+    keys = [k for k in backend._compiled if k[0] == id(axpb)]
+    assert len(keys) >= 4, keys  # aligned/unaligned, n == 1, n % 16 == 0 / != 0 kept apart

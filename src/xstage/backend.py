@@ -79,3 +79,63 @@ def resolve_device(device=None, arg: str = "device") -> torch.device:
     if dev.index >= count:
         raise InputError(f"{arg}={device!r}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}")
     return dev
+
+
+# ---- Relaunching a compiled kernel --------------------------------------------------------------------
+# Triton binds and specialises every argument of every launch in Python (a few microseconds per
+# argument on the H200 host: 70-100 us for the MoE prologue's 37 arguments and 25 constants), which
+# made a MoE call's host time exceed its kernels at decode sizes. `launch` keys a compiled kernel by
+# what Triton specialises on, refined (never coarser: a tensor's dtype and 16-byte alignment; an int's
+# "is 1", "divisible by 16" and 32-bit range; a bool's value; a TMA descriptor's dtype and box; every
+# constant's value), compiles through Triton on a new key and on a known one calls the compiled
+# kernel's launcher with the arguments in the order Triton itself passes them.
+_FAST = os.environ.get("XSTAGE_FAST_LAUNCH", "1") != "0"  # "0": every launch through Triton's own path
+_compiled: dict = {}
+
+
+def _spec(a):
+    t = type(a)
+    if t is torch.Tensor:
+        return a.dtype, a.data_ptr() % 16 == 0
+    if t is int:
+        return a == 1, a % 16 == 0, -(2**31) <= a < 2**31
+    if t is bool or a is None:
+        return a
+    if t is float:
+        return float
+    desc = getattr(a, "block_shape", None)  # a host TMA descriptor (triton.tools.tensor_descriptor)
+    if desc is not None:
+        return t, a.base.dtype, tuple(desc), a.base.data_ptr() % 16 == 0
+    return t, a  # anything else: its value (a miss, never a wrong kernel)
+
+
+def launch(kernel, grid: tuple, args: tuple, consts: dict):
+    """`kernel[grid](*args, **consts)` (`consts`: the kernel's constants, then launch options such as
+    `num_warps`), returning what that returns; after the first launch of a key, without Triton's
+    per-launch binding. The interpreter, and any `kernel` that is not a Triton JIT function (a test's
+    stand-in), take Triton's own path."""
+    params = getattr(kernel, "params", None)
+    if not _FAST or params is None or interpreter_active():
+        return kernel[grid](*args, **consts)
+    device = torch.cuda.current_device()
+    key = (id(kernel), device, len(grid), tuple(consts.items()), tuple(_spec(a) for a in args))
+    hit = _compiled.get(key)
+    if hit is None:
+        compiled = kernel[grid](*args, **consts)
+        tail = [p.name for p in params[len(args):]]
+        # The launcher takes every parameter in order, constants included; all of them are at the end.
+        if compiled is not None and all(n in consts for n in tail) and hasattr(compiled, "packed_metadata"):
+            _compiled[key] = (compiled, tuple(consts[n] for n in tail))
+        return compiled
+    compiled, tail = hit
+    from triton import knobs
+    from triton.runtime import driver
+
+    full = (*args, *tail)
+    stream = driver.active.get_current_stream(device)
+    g = (*grid, 1, 1)
+    run = compiled.run  # loads the module on first use
+    run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+        compiled.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
+        knobs.runtime.launch_exit_hook, *full)
+    return compiled

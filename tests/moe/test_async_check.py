@@ -15,7 +15,7 @@ import torch
 
 from tests.moe.hopper import assert_compiles_for_hopper
 from tests.moe.robustness import run
-from xstage.errors import CommTimeoutError, InputError
+from xstage.errors import CommTimeoutError, InputError, XstageError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
 from xstage.moe import buffer as moe_buffer
 from xstage.moe.fp8 import quantize_weights, reference_moe_fp8
@@ -120,6 +120,27 @@ def test_check_false_records_and_raises_only_at_buf_check(problem):
         buf.check()
     buf.check()
     assert buf.bad_ids.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("code", [0, (34 << 16) | 2], ids=["no-timeout", "timeout"])
+@pytest.mark.parametrize("words", [[1_992_095_959, -471_337_706_274_260_819], [1, 5], [-3, 99]],
+                         ids=["huge-count", "bad-id-in-range", "negative-count"])
+def test_bad_id_words_no_reduce_could_write_are_not_reported_as_ids(problem, code, words):
+    # Words a reduce kernel cannot produce (a count above every id of the calls, a "bad" id inside
+    # [0, E), a negative count) were written by something else: not passed on as an id and a count.
+    # (Seen on the H200 when a peer process exited during a call; the peer's timeout is still named.)
+    x, idx, w, w1t, w2, _, _ = problem
+    buf = _buffer()
+    fused_moe(x, idx, w, w1t, w2, buf, check=False)
+    buf.err[:2] = torch.tensor([code, 3 if code else 0], dtype=torch.int32)
+    buf.bad_ids[:] = torch.tensor(words)
+    kind, head = (CommTimeoutError, r"rank 0: wait for peer 2 timed out at stage \S+ \(.*") if code else (
+        XstageError, r"rank 0: ")
+    with pytest.raises(kind, match=head + rf"the bad-id words were overwritten \(count {words[0]}, at most "
+                                         rf"{8 * K} possible\)") as exc:
+        buf.check()
+    assert "out of range" not in str(exc.value)
+    buf.check()  # raised once
 
 
 def test_a_synchronous_call_raises_an_earlier_asynchronous_calls_error(problem):

@@ -521,6 +521,15 @@ class MoEBuffer:
         stage, peer = decode_error(code)
         if code and stage == STAGE_REFUSED:
             return InputError(f"{refusal_error(peer, arg)}{note(*call)}")
+        # The words of `last - first + 1` calls can count at most that many calls' ids, all outside
+        # [0, E): anything else was written by something other than the reduce kernel, and is no count.
+        most = (max(last, first) - min(last, first) + 1) * self.T_max * self.K
+        if n_bad < 0 or n_bad > most or (n_bad and 0 <= bad < self.E):
+            what = f"the bad-id words were overwritten (count {n_bad}, at most {most} possible)"
+            if code:
+                return timeout_error(self.rank, code, count, self.store_path,
+                                     "".join(f"; {c}" for c in [*call, what]))
+            return XstageError(f"rank {self.rank}: {what}{note(*call)}")
         if n_bad:
             rank = "" if self.loopback else f"rank {self.rank}: "
             more = [f"{n_bad} ids out of range"] if n_bad > 1 else []

@@ -316,7 +316,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
     grid = (p.schedule.num_ctas,)
     if compile_only:
         return kernels.moe_main_kernel.warmup(*args, grid=grid, **consts)
-    compiled = kernels.moe_main_kernel[grid](*args, **consts)
+    compiled = backend.launch(kernels.moe_main_kernel, grid, args, consts)
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
         _check_residency(compiled, buf)
     return compiled
@@ -353,7 +353,7 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
     if compile_only:
         kernels.moe_reduce_kernel.warmup(*args, grid=grid, **consts)
     else:
-        kernels.moe_reduce_kernel[grid](*args, **consts)
+        backend.launch(kernels.moe_reduce_kernel, grid, args, consts)
     return y
 
 

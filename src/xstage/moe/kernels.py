@@ -339,9 +339,16 @@ def moe_reduce_kernel(
     o_row = b_rd + (o_k[None, :].to(tl.int64) * T_STRIDE + o_t[:, None]) * H
     for h in range(0, H, BH):
         o_h = h + tl.arange(0, BH)
-        p_c = p_comb + o_row[:, :, None] + o_h[None, None, :]  # [BT, KP, BH]
-        b_c = tl.load(p_c, mask=m_ok[:, :, None], other=0.0).to(tl.float32)
-        b_y = tl.sum(b_c * b_w[:, :, None], axis=1)  # [BT, BH]
+        # One slot at a time: a [BT, BH] block of pointers and values stays in registers, where a
+        # [BT, KP, BH] block spilled to local memory.
+        b_y = tl.zeros([BT, BH], tl.float32)
+        for k in tl.static_range(KP):
+            is_k = o_k[None, :] == k
+            row_k = tl.sum(tl.where(is_k, o_row, 0), axis=1)  # [BT]
+            w_k = tl.sum(tl.where(is_k, b_w, 0.0), axis=1)
+            ok_k = tl.sum((is_k & m_ok).to(tl.int32), axis=1) > 0
+            b_c = tl.load(p_comb + row_k[:, None] + o_h[None, :], mask=ok_k[:, None], other=0.0)
+            b_y += b_c.to(tl.float32) * w_k[:, None]
         b_y = tl.where(go, b_y, float("nan"))  # a refused call has no output
         tl.store(p_y + o_t[:, None].to(tl.int64) * H + o_h[None, :], b_y.to(p_y.dtype.element_ty),
                  mask=m_t[:, None])
