@@ -33,8 +33,9 @@ buffer's calls, and the group barrier, gives up after that long without progress
 for; `check()` then raises `CommTimeoutError` naming this rank, the silent peer and the stage.
 
 Errors the device records: the error word `err` (int32[4]: the first timeout's or a peer's refusal's
-code, the timed-out waits, the refused argument, "a peer refused this call") and `bad_ids` (int64[2]:
-how many expert ids of this rank's `topk_idx` were outside [0, E), and the first one seen). Calls are
+code, the timed-out waits, the refused argument, "a peer refused this call") and `bad_ids` (int64[3]:
+how many expert ids of this rank's `topk_idx` were outside [0, E), the first one in (token, slot)
+order, and a word the reduce kernel uses while it finds that one). Calls are
 counted (`calls`); an asynchronously checked call (`fused_moe(check="async")`) has its words moved
 into a row of a small pinned ring by its reduce kernel, with a CUDA event, and a later call raises
 what a completed row holds without waiting. `check()` synchronises and raises the earliest error,
@@ -396,7 +397,7 @@ class MoEBuffer:
         self.sync = torch.zeros(4, **i32)  # done CTAs, iteration, done reduce programs, next task (dynamic)
         self.pace_clock = torch.zeros(1, dtype=torch.int64, device=dev)  # ns; see xstage.comm.pacing
         self.err = torch.zeros(4, **i32)  # as `CommContext.error` (symmetric in a real group)
-        self.bad_ids = torch.zeros(2, dtype=torch.int64, device=dev)  # count, first seen
+        self.bad_ids = torch.zeros(3, dtype=torch.int64, device=dev)  # count, first, the reduce's scratch
         self._reports = _Reports(dev)
         self.sig_slot = torch.full((R,), self.rank, **i32)
         elem = torch.tensor([], dtype=self.out_dtype).element_size()  # of the combine rows
@@ -485,7 +486,7 @@ class MoEBuffer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._reports.collect(wait=True)
-        words = (*self.err[:3].tolist(), *self.bad_ids.tolist())
+        words = (*self.err[:3].tolist(), *self.bad_ids[:2].tolist())
         if words[0] or words[3]:
             self.err.zero_()
             self.bad_ids.zero_()

@@ -31,8 +31,8 @@ timeout writes `stage << 16 | peer` into the error word (first one wins) and the
 so the host raises `CommTimeoutError` instead of hanging.
 
 Expert ids outside [0, E) never form an address: the layout leaves them to no rank, and the reduce
-masks them (they add nothing to `y`), counts them and keeps the first one it saw in the buffer's
-`bad_ids` words. A peer's refusal of the call (word 3 of the error word, set by the group barrier,
+masks them (they add nothing to `y`), counts them and keeps the first one in (token, slot) order in the
+buffer's `bad_ids` words. A peer's refusal of the call (word 3 of the error word, set by the group barrier,
 `xstage.comm.barrier`) makes both kernels skip the call: no task, no signal, `y` all NaN. With
 `report` set, the reduce's last program moves this rank's error words into a row of pinned host
 memory and clears them (`MoEBuffer.check`, the asynchronous check of `fused_moe`).
@@ -354,10 +354,11 @@ def moe_reduce_kernel(
                  mask=m_t[:, None])
     n_bad = tl.sum(tl.sum(m_bad.to(tl.int32), axis=1), axis=0)
     if n_bad > 0:
+        # The call's first bad entry in (token, slot) order, whichever program gets here first: its
+        # position goes into word 2 as 2**62 - position, the largest one winning (the word starts at 0).
         first = tl.min(tl.min(tl.where(m_bad, o_tk, 1 << 62), axis=1), axis=0)
-        b_first = tl.sum(tl.sum(tl.where(m_bad & (o_tk == first), b_idx, 0), axis=1), axis=0)
-        if tl.atomic_add(p_bad, n_bad.to(tl.int64)) == 0:
-            tl.store(p_bad + 1, b_first)
+        tl.atomic_add(p_bad, n_bad.to(tl.int64))
+        tl.atomic_max(p_bad + 2, (1 << 62) - first)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync + 2, 1, sem="acq_rel", scope="gpu")
     if done == n_p - 1:
@@ -372,6 +373,12 @@ def moe_reduce_kernel(
                 d = tl.load(p_sig_delta + q)
                 slot = tl.load(p_sig_slot + q)
                 tl.atomic_add(p_sig + d + num_ranks + slot, 1, sem="release", scope="sys")
+        pos = tl.atomic_xchg(p_bad + 2, 0)
+        if pos != 0:
+            # Every program has counted (the counter above orders them): word 1 keeps the first bad
+            # id of the earliest call whose words are still unread (an id out of range is never 0).
+            if tl.load(p_bad + 1) == 0:
+                tl.store(p_bad + 1, tl.load(p_idx + ((1 << 62) - pos)).to(tl.int64))
         if report != 0:
             # Every error of this call is in (all its kernels ran before this program): hand the words
             # to the host (a pinned row it reads once the call's event completes) and clear them.
