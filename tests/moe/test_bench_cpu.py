@@ -67,13 +67,14 @@ def test_run_config_writes_rows_and_summary(tmp_path):
     assert summary["host"]["lag:1"]["configs"] == 1 and (tmp_path / "summary.md").exists()
     for r in rows:
         if r["variant"] in ("unfused", "chain"):  # baselines are not calls: no call columns
-            assert all(r[c] == "" for c in CALL_COLUMNS + ("reduce_host_ns",)), r
+            assert all(r[c] == "" for c in CALL_COLUMNS + ("reduce_host_ns", "loop_ns")), r
             continue
-        assert float(r["call_ns"]) > 0 and float(r["reduce_host_ns"]) > 0
+        assert float(r["call_ns"]) > 0 and float(r["reduce_host_ns"]) > 0 and float(r["loop_ns"]) > 0
         assert float(r["host_p10_ns"]) <= float(r["host_ns"]) <= float(r["host_p90_ns"])
         # Triton launches the interpreter ran for one call: the main kernel and the reduce at least.
         assert float(r["launches"]).is_integer() and int(r["launches"]) >= 2
         assert r["graph_ns"] == "" and "graph: CUDA graphs need a GPU" in r["call_note"] and r["syncs"] == ""
+    assert "call / kernels back to back (geomean, max)" in (tmp_path / "summary.md").read_text()
     # The headline speedup is of call times now that both rows have them.
     ew, lag = (float(rows[4 + i]["call_ns"]) for i in range(2))
     assert summary["host"]["lag:1"]["basis"] == "call"

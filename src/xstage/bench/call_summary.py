@@ -3,7 +3,8 @@
 Rows of `xstage bench moe` (and `moe_dist`) measured since call timing exists carry, for each fused
 variant, the public call's columns (`xstage.bench.calls.CALL_COLUMNS`: `call_ns`, `host_ns` with p10
 and p90, `launches`, `syncs`, `graph_ns`, `call_note`) and `reduce_host_ns`, one `launch_reduce`'s
-host time. Older files have none of them; rows of baselines leave them empty.
+host time, and `loop_ns`, the same number of back-to-back runs of the kernels alone (`xstage bench moe`
+only). Older files have none of them; rows of baselines leave them empty.
 
 `check_call_cells(row, at)` refuses a malformed value of any of them (one line naming the row and the
 column). `call_sections(rows)` returns, per dtype and path, the calls against the kernels
@@ -25,7 +26,7 @@ from collections import defaultdict
 from xstage.results import geomean
 from xstage.results.io import cell_count, cell_time
 
-CALL_TIMES = ("call_ns", "host_ns", "host_p10_ns", "host_p90_ns", "graph_ns", "reduce_host_ns")
+CALL_TIMES = ("call_ns", "host_ns", "host_p10_ns", "host_p90_ns", "graph_ns", "reduce_host_ns", "loop_ns")
 CALL_OVER_KERNELS = 1.03
 CALL_FROM_TOKENS = 1024
 GRAPH_SLACK_NS = 10e3
@@ -62,10 +63,13 @@ def _group_lines(rows: list[dict]) -> list[str]:
     by_tokens: dict[int, list[dict]] = defaultdict(list)
     for r in rows:
         by_tokens[int(r["tokens"])].append(r)
+    looped = any(_num(r, "loop_ns") for r in rows)  # files before `loop_ns` have no such column
     lines = ["| tokens | rows | call / kernels (geomean, max) | graph / kernels (max; captured) | launches (max) | "
-             "host us (median, max) | syncs (max) |", "|---|---|---|---|---|---|---|"]
+             "host us (median, max) | syncs (max) |" + (" call / kernels back to back (geomean, max) |" if looped else ""),
+             "|---|---|---|---|---|---|---|" + ("---|" if looped else "")]
     for tokens, sel in sorted(by_tokens.items()):
         ratio = [_num(r, "call_ns") / _kernels(r) for r in sel]
+        loop = [_num(r, "call_ns") / _num(r, "loop_ns") for r in sel if _num(r, "loop_ns")]
         graph = [_num(r, "graph_ns") / _kernels(r) for r in sel if _num(r, "graph_ns")]
         launches = [_num(r, "launches") for r in sel if _num(r, "launches") is not None]
         host = sorted(_num(r, "host_ns") for r in sel if _num(r, "host_ns"))
@@ -75,6 +79,8 @@ def _group_lines(rows: list[dict]) -> list[str]:
                  f"{max(launches):g}" if launches else "",
                  f"{statistics.median(host) / 1e3:.1f}, {host[-1] / 1e3:.1f}" if host else "",
                  f"{max(syncs):g}" if syncs else ""]
+        if looped:
+            cells.append(f"{geomean(loop):.3f}, {max(loop):.3f}" if loop else "")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -124,7 +130,9 @@ def call_sections(rows: list[dict]) -> list[str]:
              "clock per call (`call_ns`). `kernels`: `time_ns + reduce_ns`, the same kernels on a plan built "
              "before the timed runs. `graph`: the call replayed from a CUDA graph, median per replay. "
              "`host`: host time inside one call; `launches`: kernels per call (torch's profiler on a GPU). "
-             "A plan built by a prologue kernel counts as call time, not kernel time."]
+             "A plan built by a prologue kernel counts as call time, not kernel time. `kernels back to back` "
+             "(`loop_ns`, where measured): as many runs of the kernels on one plan, back to back with one "
+             "synchronisation, as the calls; the call over it is what the call itself adds under the same load."]
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in called:
         groups[(r.get("dtype") or "bf16", r["path"])].append(r)

@@ -70,8 +70,9 @@ EPS = (2, 4, 8)
 SCHEDULES = CANDIDATES
 COLUMNS = ["shape", "H", "I", "E", "K", "tokens", "ep", "path", "dtype", "variant", "time_ns", "time_p10_ns",
            "time_p90_ns", "reduce_ns", "tflops", "speedup", "rows", "remote_rows", "combine_link_ns", "block", "ctas",
-           "max_err", "err_fp8_ref", "fro_f32", *CALL_COLUMNS, "reduce_host_ns"]
-NO_CALL = dict.fromkeys(CALL_COLUMNS, "")  # a baseline's row: only fused variants are called
+           "max_err", "err_fp8_ref", "fro_f32", *CALL_COLUMNS, "reduce_host_ns", "loop_ns"]
+# A baseline's row: only fused variants are called (and run back to back, `loop_ns`).
+NO_CALL = dict.fromkeys((*CALL_COLUMNS, "loop_ns"), "")
 KEYS = ["shape", "tokens", "ep", "path", "dtype", "variant"]
 RESULTS = "moe.csv"  # appended to by every run
 SUMMARY_FILES = ("summary.md", "speedup-*.png")  # written again from the CSV by every run
@@ -115,6 +116,28 @@ def time_kernels(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int 
     host: list[float] = []
     main, red = time_main_and_reduce(pb, p, y, rep, reduce_host=host)
     return Kernels(main, red, statistics.median(host), y, p.schedule.num_ctas, p.pacing)
+
+
+def time_kernel_loop(pb: Problem, variant: Variant | str, iterations: int = CALLS) -> float:
+    """ns per iteration of `iterations` back-to-back runs of the kernels (main + reduce) on one plan
+    built before them, one synchronisation at the end: the kernels under the sustained load a call
+    loop puts on the GPU (clocks, power), without the call's plan, checks and Python. `call_ns` over
+    this is what the call itself adds."""
+    v = variant if isinstance(variant, Variant) else Variant.parse(variant)
+    p = plan(pb.idx, pb.buf, v.schedule, pacing=v.pacing_or("buffer"))
+    y = torch.empty_like(pb.x)
+    for _ in range(2):
+        launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p)
+        launch_reduce(pb.idx, pb.w, y, pb.buf)
+    synchronize()
+    t0 = time.perf_counter_ns()
+    for _ in range(iterations):
+        launch_main(pb.x_in, pb.w1t, pb.w2, pb.buf, p)
+        launch_reduce(pb.idx, pb.w, y, pb.buf)
+    synchronize()
+    ns = (time.perf_counter_ns() - t0) / iterations
+    pb.buf.check()
+    return ns
 
 
 def time_fused(pb: Problem, variant: Variant | str, warmup: int = 5, rep: int = 30):
@@ -250,9 +273,10 @@ def run_config(cfg_row: dict, path: str, schedules, writer: ResultWriter | None,
         outs[str(v)] = k.y
         m = CallMeasure(notes=("call not measured",)) if calls is None else measure_moe_call(pb, v, call_buf, routes,
                                                                                              k, calls)
+        loop = "" if calls is None else time_kernel_loop(pb, v, calls)
         rows.append(dict(base, variant=str(v), time_ns=k.main.median_ns, time_p10_ns=k.main.p10_ns,
                          time_p90_ns=k.main.p90_ns, reduce_ns=k.reduce_ns, ctas=k.ctas, reduce_host_ns=k.reduce_host_ns,
-                         **m.columns()))
+                         loop_ns=loop, **m.columns()))
     del call_buf, routes
 
     def baseline(name, fn):
