@@ -211,3 +211,49 @@ def test_an_exchange_whose_copy_was_not_calibrated_is_named():
         with pytest.raises(InputError, match=r"^exchange costs \(cal\): no copy costs for core 'cudnn' .*; have "
                                              r"triton$"):
             predict(ex, 8, 64, 4096, 2, costs)
+
+
+# ---- the shipped fit ---------------------------------------------------------------------------------
+
+def test_the_shipped_exchange_costs_equal_a_fresh_fit_of_the_embedded_calibration():
+    # The library loads the JSON instead of fitting at run time: it must be that fit, to the bit.
+    import json
+    from importlib import resources
+
+    from xstage.sched import exchange as X
+
+    shipped = json.loads((resources.files("xstage.data") / X.COSTS_JSON).read_text())
+    fresh = X.costs_to_dict(X.fit_default_exchange_costs())
+    assert shipped == json.loads(json.dumps(fresh))
+    loaded = X.default_exchange_costs()
+    for args in ((24, 128, 32768, 4), (8, 64, 1000, 2), (40, 128, 131072, 8)):
+        ranked = X.plan_exchange(*args, loaded)
+        again = X.plan_exchange(*args, X.fit_default_exchange_costs())
+        assert [(p.exchange, p.time_ns) for p in ranked] == [(p.exchange, p.time_ns) for p in again]
+
+
+def test_exchange_costs_fitted_on_another_calibration_are_refused(monkeypatch):
+    from xstage.errors import XstageError
+    from xstage.sched import exchange as X
+
+    monkeypatch.setattr(X, "calibration_sha256", lambda: "0" * 64)
+    X.default_exchange_costs.cache_clear()
+    try:
+        with pytest.raises(XstageError, match=r"h200-ulysses-exchange-costs\.json: fitted on another "
+                                              r"h200-ulysses-calibration\.csv than the embedded one; write it again "
+                                              r"with `xstage plan exchange-costs -o DIR`"):
+            X.default_exchange_costs()
+    finally:
+        X.default_exchange_costs.cache_clear()
+
+
+def test_plan_exchange_costs_writes_the_shipped_file(tmp_path):
+    import json
+    from importlib import resources
+
+    from xstage.cli import main
+    from xstage.sched import exchange as X
+
+    assert main(["plan", "exchange-costs", "-o", str(tmp_path / "out")]) == 0
+    written = json.loads((tmp_path / "out" / X.COSTS_JSON).read_text())
+    assert written == json.loads((resources.files("xstage.data") / X.COSTS_JSON).read_text())

@@ -64,8 +64,9 @@ def _group_lines(rows: list[dict]) -> list[str]:
     for r in rows:
         by_tokens[int(r["tokens"])].append(r)
     looped = any(_num(r, "loop_ns") for r in rows)  # files before `loop_ns` have no such column
+    extra = " call / kernels back to back (geomean, max) |" if looped else ""
     lines = ["| tokens | rows | call / kernels (geomean, max) | graph / kernels (max; captured) | launches (max) | "
-             "host us (median, max) | syncs (max) |" + (" call / kernels back to back (geomean, max) |" if looped else ""),
+             "host us (median, max) | syncs (max) |" + extra,
              "|---|---|---|---|---|---|---|" + ("---|" if looped else "")]
     for tokens, sel in sorted(by_tokens.items()):
         ratio = [_num(r, "call_ns") / _kernels(r) for r in sel]

@@ -12,6 +12,7 @@ Long work reports progress on standard error (`xstage.results.progress.Progress`
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from xstage.attention.exchange import parse_exchange
@@ -38,12 +39,15 @@ from xstage.sched.calibrate import CALIBRATION_SHAPES, calibrate_moe
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
 from xstage.sched.exchange import (
+    COSTS_JSON,
     MAX_HEADS,
     MAX_SEQ_TOKENS,
     check_call_shape,
     check_head_dim,
     check_predictable,
+    costs_to_dict,
     default_exchange_costs,
+    fit_default_exchange_costs,
     fit_exchange_costs,
     plan_exchange,
     validate_exchange,
@@ -287,6 +291,19 @@ def _exchange_costs(calibration: str | None):
                               lines=res.lines)
 
 
+def run_exchange_costs(args) -> int:
+    """Fit the exchange costs (the embedded calibration, or `--calibration`) and write them as JSON:
+    the file `xstage/data` ships, so that no process fits at run time."""
+    outs = Outputs("xstage plan exchange-costs", force=args.force, inputs=[("--calibration", args.calibration)])
+    out = outs.folder(args.out, "-o", files=[COSTS_JSON])
+    costs = fit_default_exchange_costs() if args.calibration is None else _exchange_costs(args.calibration)
+    data = costs_to_dict(costs)
+    with outs:
+        (out / COSTS_JSON).write_text(json.dumps(data, indent=1) + "\n")
+    emit(data, args.json, f"exchange costs fitted on {costs.source}, written to {out / COSTS_JSON}")
+    return 0
+
+
 def run_attention_costs(args) -> int:
     outs = Outputs("xstage plan attention-costs", force=args.force, inputs=[("results", args.results)])
     out = outs.folder(args.out, "-o", files=[ATTENTION_COSTS])
@@ -427,6 +444,16 @@ def register(sub) -> None:
                    f"(default: {','.join(EXCHANGE_CANDIDATES)})")
     _add_json(u)
     u.set_defaults(handler=run_plan_ulysses)
+
+    x = kinds.add_parser("exchange-costs", help="fit the Ulysses exchange costs and write them as JSON (the "
+                         "file xstage/data ships; no GPU)")
+    x.add_argument("-o", "--out", required=True, type=path_arg, metavar="DIR",
+                   help=f"output folder, created if missing; {COSTS_JSON} is written in it, replacing only a file "
+                   "this command wrote (required)")
+    _add_calibration(x)
+    add_force_option(x)
+    _add_json(x)
+    x.set_defaults(handler=run_exchange_costs)
 
     a = kinds.add_parser("attention-costs", help="attention tile costs from the attention-alone rows of a "
                          "`xstage bench ulysses` CSV (no GPU)")

@@ -51,6 +51,8 @@ Example:
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,7 +65,7 @@ from xstage.attention.flash import SUPPORTED_HEAD_DIMS
 from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.overlap import default_blocks, overlap_blocks
 from xstage.bounds import MAX_RANKS, check_instance, check_int, check_sequence, label
-from xstage.errors import InputError
+from xstage.errors import InputError, XstageError
 from xstage.results.io import cell_count, cell_time
 from xstage.sched.measured import load_results
 
@@ -476,15 +478,56 @@ def _rel_err(pred, meas) -> float:
     return float(np.median(np.abs(np.asarray(pred) / np.asarray(meas) - 1)))
 
 
-@functools.cache
-def default_exchange_costs() -> ExchangeCosts:
-    """The fit on the embedded H200 host-path calibration grid."""
+COSTS_JSON = "h200-ulysses-exchange-costs.json"  # the fit of CALIBRATION_CSV, shipped (`xstage plan exchange-costs`)
+
+
+def fit_default_exchange_costs() -> ExchangeCosts:
+    """The fit on the embedded H200 host-path calibration grid, computed (about 2 s on a 2-core CPU):
+    what `COSTS_JSON` holds, and what `xstage plan exchange-costs` writes."""
     from xstage.model import load_default_profile
 
     with resources.as_file(resources.files("xstage.data") / CALIBRATION_CSV) as path:
         res = load_results(path, kind="ulysses")
     return fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
                               source=f"xstage/data/{CALIBRATION_CSV}", lines=res.lines)
+
+
+def calibration_sha256() -> str:
+    return hashlib.sha256((resources.files("xstage.data") / CALIBRATION_CSV).read_bytes()).hexdigest()
+
+
+def costs_to_dict(costs: ExchangeCosts) -> dict:
+    """`costs` as JSON-ready data: every coefficient, and where it came from (the calibration file and
+    its SHA-256 when `costs` is the embedded fit)."""
+    out = {"source": costs.source, "fit": "xstage.sched.exchange.fit_exchange_costs", "drain": costs.drain,
+           "grid": costs.grid,
+           "attention": [[core, dim, *v] for (core, dim), v in sorted(costs.attention.items())],
+           "copy": [[core, *v] for core, v in sorted(costs.copy.items())],
+           "stores": [[burst, dim, aligned, *v] for (burst, dim, aligned), v in sorted(costs.stores.items())],
+           "overlap": [[core, *v] for core, v in sorted(costs.overlap.items())],
+           "quality": dict(sorted(costs.quality.items()))}
+    if costs.source == f"xstage/data/{CALIBRATION_CSV}":
+        out["calibration_sha256"] = calibration_sha256()
+    return out
+
+
+def costs_from_dict(d: dict) -> ExchangeCosts:
+    return ExchangeCosts({(c, int(D)): (a, b) for c, D, a, b in d["attention"]},
+                         {c: (x0, rate) for c, x0, rate in d["copy"]},
+                         {(bool(b), int(D), bool(al)): (sl, c) for b, D, al, sl, c in d["stores"]},
+                         float(d["drain"]), int(d["grid"]), d["source"], dict(d["quality"]),
+                         {c: tuple(v) for c, *v in d["overlap"]})
+
+
+@functools.cache
+def default_exchange_costs() -> ExchangeCosts:
+    """The fit on the embedded H200 host-path calibration grid, as shipped fitted (`COSTS_JSON`): the
+    library fits nothing at run time. A test holds the file equal to a fresh fit."""
+    d = json.loads((resources.files("xstage.data") / COSTS_JSON).read_text())
+    if d.get("calibration_sha256") != calibration_sha256():
+        raise XstageError(f"xstage/data/{COSTS_JSON}: fitted on another {CALIBRATION_CSV} than the embedded one; "
+                          "write it again with `xstage plan exchange-costs -o DIR` and copy it into xstage/data")
+    return costs_from_dict(d)
 
 
 def chooser(costs: ExchangeCosts | None = None):

@@ -49,7 +49,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import optimize
 
 from xstage.errors import InputError
 from xstage.moe.problem import MoeShape
@@ -230,6 +229,8 @@ def fit_idle_speedup(effect: OrderEffect) -> tuple[float, float]:
             res = np.array([y - math.log(1.0 - kappa * (1.0 - b)) for b, y in pts])
             total += float(np.sum((res - res.mean()) ** 2))
         return total
+
+    from scipy import optimize
 
     kappa = float(optimize.minimize_scalar(loss, bounds=(0.0, 0.95), method="bounded").x)
     return round(kappa, 4), round(float(np.median(base_busy)), 4)

@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, stats
 
 from xstage.errors import InputError
 from xstage.moe.problem import MoeShape, parse_block
@@ -85,6 +84,8 @@ def units_per_expert(rows_per_expert: float, block_m: int, route_share: float) -
     rpe = _positive("rows_per_expert", rows_per_expert)
     if not 0 < route_share <= 1:
         raise InputError(f"route_share={route_share!r}: must be in (0, 1] (topk / experts)")
+    from scipy import stats  # imported where used: scipy costs 0.4 s of `import xstage`
+
     n = max(1, round(rpe / route_share))
     dist = stats.binom(n, route_share)
     c = np.arange(int(dist.ppf(1e-12)), int(dist.isf(1e-12)) + 1)
@@ -195,6 +196,8 @@ class TileModel:
 
 def _least_squares(residuals, starts, lower) -> np.ndarray:
     """The best of several local least-squares fits (the roofline's max has kinks)."""
+    from scipy import optimize
+
     best = None
     for x0 in starts:
         sol = optimize.least_squares(residuals, x0, bounds=(lower, np.inf), x_scale="jac")
@@ -209,6 +212,8 @@ def fit_tile_model(rows, shapes=None) -> TileModel:
     rows: dicts with shape, block, kind, rows_per_expert, median_ns and optionally elem_bytes (2 where
     absent): `TaskCosts.table` rows or `moe-tiles.csv` rows. shapes: fit on those shapes' rows only
     (default: every shape in `rows`). Needs at least 3 GEMM tiles and 2 dispatch tasks."""
+    from scipy import optimize
+
     rows = list(rows)
     if shapes is not None:
         wanted = [str(MoeShape.parse(s, "shapes")) for s in shapes]
