@@ -71,3 +71,22 @@ def test_model_guided_works_after_import_xstage_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_off_and_a_rate_read_no_profile_and_default_reads_it_once(monkeypatch):
+    # Only "default" depends on the path's embedded profile; it is read once per process.
+    from xstage.moe import pacing as P
+
+    P._default_of_path.cache_clear()
+    reads = []
+    real = P.load_default_profile
+    monkeypatch.setattr(P, "load_default_profile", lambda path: reads.append(path) or real(path))
+    assert P.resolve_pacing("off", "host", 8) is None
+    assert P.resolve_pacing("50:128", "host", 8).rate == 50e9
+    assert reads == []
+    first, again = P.resolve_pacing("default", "host", 8), P.resolve_pacing("default", "host", 4)
+    from xstage.comm.pacing import DEFAULT_RATE_FACTOR
+
+    assert first == again and first.rate == pytest.approx(DEFAULT_RATE_FACTOR * real("host").params.drain)
+    assert reads == ["host"]
+    P._default_of_path.cache_clear()

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from xstage.bounds import MAX_RANKS, check_int
@@ -40,6 +41,12 @@ def default_pacing_of(path: str, num_ranks: int) -> StorePacing | None:
     """What `"default"` means for a kernel storing toward `num_ranks - 1` peers through `path`."""
     if num_ranks < 2 or path not in PACED_PATHS:
         return None
+    return _default_of_path(path)
+
+
+@functools.cache
+def _default_of_path(path: str) -> StorePacing:
+    # The embedded profile is package data: read once per process, not on every call.
     return default_pacing(load_default_profile(path).params.drain)
 
 
@@ -57,7 +64,8 @@ def resolve_pacing(pacing, path: str, num_ranks: int) -> StorePacing | None:
     if path not in STORE_PATHS:
         raise InputError(f"path={path!r}: must be one of {', '.join(STORE_PATHS)} (where the stores go)")
     num_ranks = check_int(num_ranks, "num_ranks", 1, MAX_RANKS, "ranks of the group")
-    return parse_pacing(pacing, default_pacing_of(path, num_ranks))
+    # Only "default" needs the path's profile: "off" and "RATE:BUDGET" read no file.
+    return parse_pacing(pacing, default_pacing_of(path, num_ranks) if pacing == DEFAULT else None)
 
 
 def check_pacing(pacing) -> None:
