@@ -333,8 +333,8 @@ def test_every_plan_and_demo_option_says_its_default():
     top = _subparsers(build_parser())
     parsers = {f"plan {k}": p for k, p in _subparsers(top["plan"]).items()}
     parsers["demo"] = top["demo"]
-    assert set(parsers) == {"plan moe", "plan ulysses", "plan attention-costs", "plan calibrate", "plan validate",
-                            "demo"}
+    assert set(parsers) == {"plan moe", "plan ulysses", "plan exchange-costs", "plan attention-costs", "plan calibrate",
+                            "plan validate", "demo"}
     for name, p in parsers.items():
         for action in p._actions:
             if action.dest == "help":

@@ -394,41 +394,8 @@ def _add_json(p) -> None:
                    "no progress (default: off, text for people)")
 
 
-def register(sub) -> None:
-    p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
-    kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
-    m = kinds.add_parser("moe", help="plan the fused MoE kernel's schedule")
-    m.add_argument("--shape", required=True, help="MoE shape H<hidden>-I<intermediate>-E<experts>-K<topk> "
-                   "(sizes in elements; required), e.g. H4096-I2048-E256-K6")
-    m.add_argument("--tokens", type=cli_int(1, MAX_PLAN_TOKENS, "tokens per rank the planner simulates"),
-                   required=True, help=f"tokens per rank, 1..{MAX_PLAN_TOKENS} (required)")
-    m.add_argument("--ep", type=cli_int(1, MAX_RANKS, "expert-parallel ranks"), required=True,
-                   help=f"expert-parallel group size in ranks, 1..{MAX_RANKS}; must divide the shape's experts "
-                   "(required)")
-    _add_model_files(m, "the MoE kernel, from `xstage plan calibrate`")
-    m.add_argument("--ctas", type=cli_int(1, MAX_PLAN_CTAS, CTAS_MEANING), default=None,
-                   help=f"persistent CTAs, 1..{MAX_PLAN_CTAS} (default: this GPU's SM count, else the SM count of "
-                   "the profile's GPU)")
-    m.add_argument("--candidates", metavar="S1,S2", help="comma-separated schedules to rank (default: "
-                   f"{','.join(CANDIDATES)})")
-    m.add_argument("--block-m", metavar="BM1,BM2", help="comma-separated BLOCK_M values to try, in rows per tile: "
-                   "powers of two >= 16 (default: the kernel's 128)")
-    m.add_argument("--dtype", default="bf16", help="the buffer's dtype: bf16, or fp8 (1-byte operands in the FP8 "
-                   "default tiles, BF16 combine rows; default: %(default)s)")
-    m.add_argument("--seed", type=cli_type(check_seed), default=0, help="seed of the synthetic routing, "
-                   "0..2^63-1 (default: 0)")
-    m.add_argument("--pacing", default=AUTO, help="the kernel's store pacing: auto (rank every schedule under "
-                   f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
-                   "or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
-    _add_interference(m)
-    m.add_argument("--plot", type=path_arg, metavar="PATH",
-                   help="write the best candidate's timeline here: a .png file, or an "
-                   f"existing folder (writes {PLOT_NAME} in it); an existing file is replaced only if this command "
-                   "wrote it, or with --force (default: no plot)")
-    add_force_option(m)
-    _add_json(m)
-    m.set_defaults(handler=run_plan_moe)
-
+def _register_ulysses(kinds) -> None:
+    """`plan ulysses`, `plan exchange-costs` and `plan attention-costs`."""
     u = kinds.add_parser("ulysses", help="rank every Ulysses exchange (serial, overlap, stores) for one call shape")
     u.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
                    help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
@@ -464,6 +431,44 @@ def register(sub) -> None:
     add_force_option(a)
     _add_json(a)
     a.set_defaults(handler=run_attention_costs)
+
+
+def register(sub) -> None:
+    p = sub.add_parser("plan", help="predict schedules of a fused kernel with the Burst-Gap model and pick one")
+    kinds = p.add_subparsers(dest="kernel", metavar="KERNEL")
+    m = kinds.add_parser("moe", help="plan the fused MoE kernel's schedule")
+    m.add_argument("--shape", required=True, help="MoE shape H<hidden>-I<intermediate>-E<experts>-K<topk> "
+                   "(sizes in elements; required), e.g. H4096-I2048-E256-K6")
+    m.add_argument("--tokens", type=cli_int(1, MAX_PLAN_TOKENS, "tokens per rank the planner simulates"),
+                   required=True, help=f"tokens per rank, 1..{MAX_PLAN_TOKENS} (required)")
+    m.add_argument("--ep", type=cli_int(1, MAX_RANKS, "expert-parallel ranks"), required=True,
+                   help=f"expert-parallel group size in ranks, 1..{MAX_RANKS}; must divide the shape's experts "
+                   "(required)")
+    _add_model_files(m, "the MoE kernel, from `xstage plan calibrate`")
+    m.add_argument("--ctas", type=cli_int(1, MAX_PLAN_CTAS, CTAS_MEANING), default=None,
+                   help=f"persistent CTAs, 1..{MAX_PLAN_CTAS} (default: this GPU's SM count, else the SM count of "
+                   "the profile's GPU)")
+    m.add_argument("--candidates", metavar="S1,S2", help="comma-separated schedules to rank (default: "
+                   f"{','.join(CANDIDATES)})")
+    m.add_argument("--block-m", metavar="BM1,BM2", help="comma-separated BLOCK_M values to try, in rows per tile: "
+                   "powers of two >= 16 (default: the kernel's 128)")
+    m.add_argument("--dtype", default="bf16", help="the buffer's dtype: bf16, or fp8 (1-byte operands in the FP8 "
+                   "default tiles, BF16 combine rows; default: %(default)s)")
+    m.add_argument("--seed", type=cli_type(check_seed), default=0, help="seed of the synthetic routing, "
+                   "0..2^63-1 (default: 0)")
+    m.add_argument("--pacing", default=AUTO, help="the kernel's store pacing: auto (rank every schedule under "
+                   f"each of {', '.join(PACING_CANDIDATES)}), default (the fixed default of the profile's path), off, "
+                   "or RATE:BUDGET in GB/s:KiB such as 50:128 (default: auto)")
+    _add_interference(m)
+    m.add_argument("--plot", type=path_arg, metavar="PATH",
+                   help="write the best candidate's timeline here: a .png file, or an "
+                   f"existing folder (writes {PLOT_NAME} in it); an existing file is replaced only if this command "
+                   "wrote it, or with --force (default: no plot)")
+    add_force_option(m)
+    _add_json(m)
+    m.set_defaults(handler=run_plan_moe)
+
+    _register_ulysses(kinds)
 
     c = kinds.add_parser("calibrate", help="time the fused MoE kernel's own tiles on the GPU (task costs JSON)")
     c.add_argument("-o", "--out", required=True, type=path_arg, metavar="DIR",
