@@ -143,12 +143,13 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
     if programs is None:
         if on_gpu:
             # Enough programs for the entries and for the tasks the largest routing of this call makes.
-            units = min(buf.units_cap, triton.cdiv(n_ent, c.block_m) + buf.E_local)
-            programs = max(1, triton.cdiv(n_ent, _BE), triton.cdiv(units * (n1 + n2), _BT))
+            # Plain integer arithmetic: triton.cdiv is a constexpr function, microseconds a call on the host.
+            units = min(buf.units_cap, -(-n_ent // c.block_m) + buf.E_local)
+            programs = max(1, -(-n_ent // _BE), -(-units * (n1 + n2) // _BT))
         else:
             programs = 1
     programs = max(1, min(int(programs), st.programs_max))
-    utop = triton.next_power_of_2(buf.units_cap)
+    utop = 1 << max(0, buf.units_cap - 1).bit_length()  # next power of two
     use_ptx, timeout_ns, max_spins = wait_bounds(buf.timeout_ns, on_gpu)
     cta_start = st.cta_start(ctas)
     lay = st.layout
@@ -159,7 +160,7 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
     consts = dict(BM=c.block_m, ORDER=_ORDER_CODE[base], RR=not c.dynamic, LOOPBACK=loopback, USE_PTX=use_ptx,
                   ELP=st.elp, LOG_E=st.elp.bit_length() - 1, UTOP=utop, LOG_U=utop.bit_length() - 1,
                   BE=_BE, BU=min(64, 4096 // c.block_m), BT=_BT,
-                  GB=max(1, min(triton.next_power_of_2(st.programs_max), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
+                  GB=max(1, min(1 << max(0, st.programs_max - 1).bit_length(), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
                   PE=_PE_ROWS, UC=_UNIT_COLS, WB=_WB, **({"num_warps": 4} if on_gpu else {}))
     if compile_only:
         moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)

@@ -32,7 +32,6 @@ import warnings
 import weakref
 
 import torch
-import triton
 
 from xstage import backend
 from xstage.backend import refuse_interpreter_bf16
@@ -347,9 +346,9 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
             buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.bad_ids,
             buf._reports.rows[0] if report is None else report, int(report is not None),
             buf.R, buf.E, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins)
-    consts = dict(STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=triton.next_power_of_2(buf.K),
+    consts = dict(STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=1 << max(0, buf.K - 1).bit_length(),
                   WAIT=wait, USE_PTX=use_ptx, **({} if interpreter_active() else {"num_warps": 4}))
-    grid = (max(1, triton.cdiv(T, _REDUCE_BT)),)
+    grid = (max(1, -(-T // _REDUCE_BT)),)  # not triton.cdiv: a constexpr function, slow on the host
     if compile_only:
         kernels.moe_reduce_kernel.warmup(*args, grid=grid, **consts)
     else:
