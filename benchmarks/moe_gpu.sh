@@ -72,8 +72,15 @@ for step in $steps; do
         callgrid) args="--only ep=2,8" ;;
         calldecode) args="--grid decode" ;;
       esac
-      timeout "${CALLGRID_S:-540}" python3 -u -m xstage bench moe -o "${CALL_DIR:-${OUT:-benchmarks/results}/h200-moe-calls}/${step#call}" \
-        $args --budget-s "${CALLGRID_BUDGET_S:-450}" --warmup 3 --rep 10 ${CALL_ARGS:-} 2>&1 | tail -60 ;;
+      dir="${CALL_DIR:-${OUT:-benchmarks/results}/h200-moe-calls}/${step#call}"
+      mkdir -p "$dir"
+      # SM clock and power every 200 ms beside the run: the calls' sustained load against the kernels'
+      # short timed runs (`loop_ns` is the kernels under the calls' load).
+      nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv -lms 200 \
+        > "$dir/clocks-${start}.csv" 2>/dev/null & clocks=$!
+      timeout "${CALLGRID_S:-540}" python3 -u -m xstage bench moe -o "$dir" \
+        $args --budget-s "${CALLGRID_BUDGET_S:-450}" --warmup 3 --rep 10 ${CALL_ARGS:-} 2>&1 | tail -60
+      kill "$clocks" 2>/dev/null ;;
     calltf)  # the public call against transformers' grouped_mm experts (needs transformers 5)
       timeout "${CALLTF_S:-540}" python3 -u -m xstage bench moe-calls -o "${CALL_DIR:-${OUT:-benchmarks/results}/h200-moe-calls}/transformers" \
         --budget-s "${CALLTF_BUDGET_S:-450}" ${CALLTF_ARGS:-} 2>&1 | tail -40 ;;
