@@ -128,6 +128,7 @@ BASES = {
     ("plan", "moe"): [Base(PLAN_MOE)],
     ("plan", "ulysses"): [Base(("plan", "ulysses", "--heads", "24", "--dim", "128", "--tokens", "4096", "--ranks",
                                 "4", "--json"))],
+    ("plan", "exchange-costs"): [Base(("plan", "exchange-costs", "-o", "x", "--json"), costly=True)],
     ("plan", "attention-costs"): [Base(("plan", "attention-costs", "uly.csv", "-o", "a", "--json"))],
     ("plan", "calibrate"): [Base(("plan", "calibrate", "-o", "new", "--json"), GPU)],
     ("plan", "validate"): [Base(("plan", "validate", "moe.csv", "-o", "v", "--json")),
