@@ -7,7 +7,8 @@ import pytest
 
 from xstage.errors import InputError
 from xstage.model.design import calibration_design, synthetic_observations
-from xstage.model.fit import cross_checks, evaluate_loco, fit_path, weighted_quantile
+from xstage.model.fit import cross_checks, fit_path, weighted_quantile
+from xstage.model.heldout import evaluate_loco
 from xstage.model.params import PathParams
 
 KIB = 1024

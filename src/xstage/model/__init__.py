@@ -39,7 +39,8 @@ from xstage.model.data import (
 )
 from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.fastsim import FastPathSimulator
-from xstage.model.fit import FitResult, evaluate_loco, fit_path
+from xstage.model.fit import FitResult, fit_path
+from xstage.model.heldout import evaluate_loco
 from xstage.model.params import PathParams
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.profile import Profile, load_default_profile, load_reference_profile

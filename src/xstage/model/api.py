@@ -18,7 +18,8 @@ import numpy as np
 from xstage.env import _git_commit
 from xstage.errors import InputError
 from xstage.model.data import Observations
-from xstage.model.fit import MIN_CONFIGS, STRUCTURES, BootstrapStore, evaluate_loco, fit_path
+from xstage.model.fit import MIN_CONFIGS, STRUCTURES, BootstrapStore, fit_path
+from xstage.model.heldout import evaluate_loco
 from xstage.model.predict import DEFAULT_CLASSES, predict_rows
 from xstage.model.profile import Profile
 from xstage.version import __version__

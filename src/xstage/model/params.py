@@ -14,7 +14,7 @@ after the drain releases it.
 Two additions, each justified by the H200 host-link reference data (`xstage.data`, see
 the README's Store paths results) and kept because they lower the held-out error: leave one
 configuration (n_sm, burst_bytes) out, fit the rest, predict its CTA medians
-(`xstage.model.fit.evaluate_loco`; figures stored in the default profile's `structure` section).
+(`xstage.model.heldout.evaluate_loco`; figures stored in the default profile's `structure` section).
 On the 20 host configurations the median / p90 relative error is 29% / 90% for the base model,
 7.5% / 41% with the first stage and 5.9% / 34% with unequal sharing as well.
 

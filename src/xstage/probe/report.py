@@ -11,7 +11,7 @@ CTA per SM; the model has no term for the other knobs) are pooled over repeats a
 `HOLDOUT_EVERY`-th one (starting at the second; separately among those with multi-burst launches
 and the others) is held out; `xstage.model.fit.fit_path` fits the rest (with bootstrap intervals)
 and the held-out CTA-median issue times are predicted and compared (relative error, every
-configuration weighing equally, as `xstage.model.fit.evaluate_loco` does).
+configuration weighing equally, as `xstage.model.heldout.evaluate_loco` does).
 
 Example:
     result = analyse("benchmarks/results/h200-host-probe", bootstrap=20)
