@@ -24,9 +24,9 @@ Algorithm:
 * Cross-checks: the drain from the steep first-burst slope (and from completion times when
   present) against the fitted one; the second-burst issue time's slope in the gap under
   backpressure (the model says exactly -1); Little's law `C / D >= latency`.
-* Leave-one-configuration-out (`xstage.model.heldout.evaluate_loco`): each configuration with all its gaps and repeats is
-  held out in turn, the rest fitted, and the held-out CTA medians predicted; the median and p90 of
-  the relative error pool the rows with every configuration weighing equally.
+* Leave-one-configuration-out (`xstage.model.heldout.evaluate_loco`): each configuration with all its
+  gaps and repeats is held out in turn, the rest fitted, and the held-out CTA medians predicted; the
+  median and p90 of the relative error pool the rows with every configuration weighing equally.
 
 Example:
     >>> from xstage.model.data import load_reference_data
