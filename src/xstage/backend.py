@@ -125,9 +125,10 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict):
         tail = [p.name for p in params[len(args):]]
         # The launcher takes every parameter in order, constants included; all of them are at the end.
         if compiled is not None and all(n in consts for n in tail) and hasattr(compiled, "packed_metadata"):
-            _compiled[key] = (compiled, tuple(consts[n] for n in tail))
+            # The entry holds `kernel` itself, so its id cannot be reused by another kernel while cached.
+            _compiled[key] = (kernel, compiled, tuple(consts[n] for n in tail))
         return compiled
-    compiled, tail = hit
+    _, compiled, tail = hit
     from triton import knobs
     from triton.runtime import driver
 
