@@ -87,3 +87,12 @@ def test_bootstrap_rounds_in_worker_processes_equal_the_serial_ones():
     serial = bootstrap_draws(obs, res.params, names, rounds=3, classes=4, seed=9, max_nfev=20)
     parallel = bootstrap_draws(obs, res.params, names, rounds=3, classes=4, seed=9, max_nfev=20, workers=2)
     assert serial == parallel and len(serial[names[0]]) == 3
+
+
+def test_the_old_name_of_the_held_out_evaluation_warns_and_works():
+    import xstage.model.fit as fit_module
+    from xstage.model.heldout import evaluate_loco as moved
+
+    with pytest.warns(DeprecationWarning, match=r"moved to xstage\.model\.heldout\.evaluate_loco"):
+        old = fit_module.evaluate_loco
+    assert old is moved

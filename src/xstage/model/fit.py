@@ -555,3 +555,15 @@ def cross_checks(obs: Observations, params: PathParams) -> dict:
         out["littles_law_ok"] = None
         out["littles_law_note"] = "no round trip measured (no completion times): not checked"
     return out
+
+
+def __getattr__(name: str):
+    # `xstage.model.fit.evaluate_loco` moved to `xstage.model.heldout` (it imports this module, so
+    # the old name resolves on first use); `xstage.model.evaluate_loco` is unchanged.
+    if name == "evaluate_loco":
+        warnings.warn("xstage.model.fit.evaluate_loco moved to xstage.model.heldout.evaluate_loco",
+                      DeprecationWarning, stacklevel=2)
+        from xstage.model.heldout import evaluate_loco
+
+        return evaluate_loco
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
