@@ -170,205 +170,243 @@ def simulate_kernel(work: KernelWork, paths: Mapping[str, PathParams], *, trace_
         if not isinstance(term, Interference):
             raise InputError(f"interference[{name!r}]: expected an Interference, got {type(term).__name__}")
     pacer = {name: _check_pacer(name, p) for name, p in (pacers or {}).items() if p is not None}
-    n = len(work.ctas)
-    sims = {name: path_simulator(paths[name], n, engine=engine) for name in work.paths()}
-    ctas = [_Cta(i, tasks) for i, tasks in enumerate(work.ctas)]
-    segments: list[Segment] = []
-    task_end: dict[str, float] = {}
-    waiting: dict[str, list[_Cta]] = defaultdict(list)
-    compute_done: list[tuple[float, int]] = []  # heap of (time, cta)
-    issuing: dict[tuple[str, int], _Cta] = {}
-    backlog: dict[str, list[tuple[float, float]]] = {name: [] for name in sims} if trace_backlog else {}
-    terms = {name: t for name, t in (interference or {}).items() if name in sims}
-    in_fabric: dict[str, dict[int, float]] = {name: {} for name in terms}  # path -> cta -> burst bytes
-    clocks: dict[float, _LoadClock] = {}  # memory share -> its tasks' clock
-    clock_list: list[_LoadClock] = []  # the same clocks, iterated at every event
-
-    def sync(now: float) -> None:
-        for clock in clock_list:
-            clock.advance(now)
-
-    occupancy = work.occupancy
-    computing = 0  # tasks on the clocks
-
-    def retune(fabric: bool = True) -> None:
-        """Each clock's rate after the computing CTAs changed, and with `fabric` also the bursts in the
-        fabric (call after `sync`)."""
-        if fabric and terms:
-            active = [(t, len(in_fabric[name])) for name, t in terms.items()
-                      if t.active(t.occupancy(in_fabric[name].values(), paths[name].capacity))]
-            for clock in clock_list:
-                clock.slowdown = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
-        busy = occupancy(max(1, computing) / n) if occupancy else 1.0
-        if not 0 < busy < math.inf:
-            raise InputError(f"work.occupancy({max(1, computing) / n:g}) = {busy!r}: must be a finite factor > 0")
-        for clock in clock_list:
-            clock.sigma = clock.slowdown * busy
-
-    def trace(path: str, now: float) -> None:
-        if trace_backlog:
-            backlog[path].append((now, float(sims[path].backlog())))
-
-    queue, taken = list(work.queue), 0
-
-    def try_start(cta: _Cta, now: float) -> None:
-        nonlocal taken, computing
-        task = cta.task
-        if task is None and taken < len(queue):
-            # A free CTA takes the next task of the shared queue (the kernel's atomic fetch).
-            cta.tasks.append(queue[taken])
-            taken += 1
-            task = cta.task
-        if task is None:
-            return
-        for dep in task.deps:
-            if dep not in task_end:
-                waiting[dep].append(cta)
-                return
-        start = max([now] + [task_end[d] for d in task.deps])
-        if start > cta.task_ready:
-            segments.append(Segment(cta.index, "wait", cta.task_ready, start, task.name))
-        if (terms and task.mem_share > 0) or (occupancy and task.compute_ns > 0):
-            sync(start)
-            share = task.mem_share if terms else 0.0  # without the term one clock serves every task
-            clock = clocks.get(share)
-            new = clock is None
-            if new:
-                clock = clocks[share] = _LoadClock(share, start)
-                clock_list.append(clock)
-            cta.compute_started = start
-            heapq.heappush(clock.heap, (clock.progress + task.compute_ns, cta.index))
-            computing += 1
-            retune(fabric=new)
-            return
-        end = start + task.compute_ns
-        if task.compute_ns > 0:
-            segments.append(Segment(cta.index, "compute", start, end, task.name))
-        heapq.heappush(compute_done, (end, cta.index))
-
-    def finish_task(cta: _Cta, now: float) -> None:
-        task = cta.task
-        task_end[task.name] = now
-        cta.pos += 1
-        cta.task_ready = now
-        try_start(cta, now)
-        for other in waiting.pop(task.name, []):
-            try_start(other, now)
-
-    released: list[tuple[float, int]] = []  # heap of (time, cta): paced bursts waiting for their claim
-
-    def next_store(cta: _Cta, now: float) -> None:
-        """Claim the CTA's next store burst (the head of `pending_stores`) from its path's pacer, or
-        start it, or finish the task when none is left."""
-        if not cta.pending_stores:
-            finish_task(cta, now)
-            return
-        path, nbytes = cta.pending_stores[0]
-        if path in pacer:
-            start = pacer[path].release(now, nbytes)
-            if start > now:
-                segments.append(Segment(cta.index, "stall", now, start, cta.task.name))
-                heapq.heappush(released, (start, cta.index))
-                return
-        start_store(cta, now)
-
-    def start_store(cta: _Cta, now: float) -> None:
-        path, nbytes = cta.pending_stores[0]
-        cta.issue_started = now
-        sims[path].start_burst(cta.index, now, nbytes)
-        if path in in_fabric:
-            in_fabric[path][cta.index] = nbytes
-        trace(path, now)
-        issuing[(path, cta.index)] = cta
-
-    def store_issued(path: str, cta: _Cta, now: float) -> None:
-        if clocks:
-            sync(now)
-        _, nbytes = cta.pending_stores.pop(0)
-        if path in in_fabric:
-            del in_fabric[path][cta.index]
-        free = _free_issue_ns(paths[path], nbytes)
-        start = cta.issue_started
-        split = min(now, start + free)
-        segments.append(Segment(cta.index, "issue", start, split, cta.task.name))
-        if now > split:
-            segments.append(Segment(cta.index, "stall", split, now, cta.task.name))
-        next_store(cta, now)
-
-    for cta in ctas:
-        try_start(cta, 0.0)
-
-    single = next(iter(sims)) if len(sims) == 1 else None
-    while True:
-        t_compute = compute_done[0][0] if compute_done else math.inf
-        slowest = None
-        for clock in clock_list:
-            if clock.heap:  # its next end: its first task's remaining progress at its rate
-                t = clock.t + (clock.heap[0][0] - clock.progress) * clock.sigma
-                if t < t_compute:
-                    t_compute, slowest = t, clock
-        paced_first = bool(released) and released[0][0] < t_compute
-        if paced_first:
-            t_compute = released[0][0]
-        if single is not None:
-            # One path: move it towards the next compute event, stopping at the first issue end.
-            sim = sims[single]
-            if any(key[0] == single for key in issuing):
-                ended = sim.advance_until(t_compute)
-                if ended:
-                    for sm, t_end in ended:
-                        store_issued(single, issuing.pop((single, sm)), t_end)
-                    trace(single, ended[-1][1])
-                    if terms:
-                        retune()
-                    continue
-        else:
-            t_path, path_next = math.inf, None
-            for name, sim in sims.items():
-                t = sim.next_event_time()
-                if t < t_path:
-                    t_path, path_next = t, name
-            if t_path <= t_compute and path_next is not None:
-                for sm, t_end in sims[path_next].advance(t_path):
-                    store_issued(path_next, issuing.pop((path_next, sm)), t_end)
-                trace(path_next, t_path)
-                if terms:
-                    retune()
-                continue
-        if math.isinf(t_compute):
-            break
-        if paced_first:
-            now, i = heapq.heappop(released)
-            if clocks:
-                sync(now)
-            start_store(ctas[i], now)
-            if terms:
-                retune()
-            continue
-        if slowest is None:
-            now, i = heapq.heappop(compute_done)
-            if clocks:
-                sync(now)
-        else:
-            now = t_compute
-            sync(now)
-            _, i = heapq.heappop(slowest.heap)
-            computing -= 1
-        cta = ctas[i]
-        if slowest is not None and now > cta.compute_started:
-            segments.append(Segment(cta.index, "compute", cta.compute_started, now, cta.task.name))
-        cta.pending_stores = [
-            (work.dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in work.dest_path and b > 0
-        ]
-        next_store(cta, now)
-        if terms or occupancy:
-            retune(fabric=bool(terms))
-
-    stuck = [c.task.name for c in ctas if c.task is not None]
+    sim = _KernelSim(work, paths, engine, trace_backlog, interference or {}, pacer)
+    sim.run()
+    stuck = [c.task.name for c in sim.ctas if c.task is not None]
     if stuck:
         raise InputError(
             f"work cannot finish: tasks {stuck[:5]} wait on dependencies that never complete "
             "(a cycle, or a dependency ordered later on the same CTA)"
         )
-    time_ns = max(task_end.values(), default=0.0)
-    return SimResult(time_ns, segments, task_end, backlog)
+    time_ns = max(sim.task_end.values(), default=0.0)
+    return SimResult(time_ns, sim.segments, sim.task_end, sim.backlog)
+
+
+class _KernelSim:
+    """One run of `simulate_kernel`: the CTAs, the path simulators and the clocks of the computing
+    tasks, stepped event by event (`run`) until no CTA has a task left it can start."""
+
+    def __init__(self, work: KernelWork, paths: Mapping[str, PathParams], engine: str, trace_backlog: bool,
+                 interference: Mapping[str, Interference], pacer: dict[str, _Pacer]):
+        self.work = work
+        self.paths = paths
+        self.pacer = pacer
+        self.n = len(work.ctas)
+        self.sims = {name: path_simulator(paths[name], self.n, engine=engine) for name in work.paths()}
+        self.ctas = [_Cta(i, tasks) for i, tasks in enumerate(work.ctas)]
+        self.segments: list[Segment] = []
+        self.task_end: dict[str, float] = {}
+        self.waiting: dict[str, list[_Cta]] = defaultdict(list)
+        self.compute_done: list[tuple[float, int]] = []  # heap of (time, cta)
+        self.issuing: dict[tuple[str, int], _Cta] = {}
+        self.trace_backlog = trace_backlog
+        self.backlog: dict[str, list[tuple[float, float]]] = {name: [] for name in self.sims} if trace_backlog else {}
+        self.terms = {name: t for name, t in interference.items() if name in self.sims}
+        self.in_fabric: dict[str, dict[int, float]] = {name: {} for name in self.terms}  # path -> cta -> burst bytes
+        self.clocks: dict[float, _LoadClock] = {}  # memory share -> its tasks' clock
+        self.clock_list: list[_LoadClock] = []  # the same clocks, iterated at every event
+        self.occupancy = work.occupancy
+        self.computing = 0  # tasks on the clocks
+        self.queue = list(work.queue)
+        self.taken = 0  # tasks of the shared queue taken so far
+        self.released: list[tuple[float, int]] = []  # heap of (time, cta): paced bursts waiting for their claim
+
+    def sync(self, now: float) -> None:
+        for clock in self.clock_list:
+            clock.advance(now)
+
+    def retune(self, fabric: bool = True) -> None:
+        """Each clock's rate after the computing CTAs changed, and with `fabric` also the bursts in the
+        fabric (call after `sync`)."""
+        if fabric and self.terms:
+            active = [(t, len(self.in_fabric[name])) for name, t in self.terms.items()
+                      if t.active(t.occupancy(self.in_fabric[name].values(), self.paths[name].capacity))]
+            for clock in self.clock_list:
+                clock.slowdown = 1.0 + sum(t.stretch(k, clock.mem_share) for t, k in active)
+        busy = self.occupancy(max(1, self.computing) / self.n) if self.occupancy else 1.0
+        if not 0 < busy < math.inf:
+            raise InputError(f"work.occupancy({max(1, self.computing) / self.n:g}) = {busy!r}: "
+                             "must be a finite factor > 0")
+        for clock in self.clock_list:
+            clock.sigma = clock.slowdown * busy
+
+    def trace(self, path: str, now: float) -> None:
+        if self.trace_backlog:
+            self.backlog[path].append((now, float(self.sims[path].backlog())))
+
+    def try_start(self, cta: _Cta, now: float) -> None:
+        task = cta.task
+        if task is None and self.taken < len(self.queue):
+            # A free CTA takes the next task of the shared queue (the kernel's atomic fetch).
+            cta.tasks.append(self.queue[self.taken])
+            self.taken += 1
+            task = cta.task
+        if task is None:
+            return
+        for dep in task.deps:
+            if dep not in self.task_end:
+                self.waiting[dep].append(cta)
+                return
+        start = max([now] + [self.task_end[d] for d in task.deps])
+        if start > cta.task_ready:
+            self.segments.append(Segment(cta.index, "wait", cta.task_ready, start, task.name))
+        if (self.terms and task.mem_share > 0) or (self.occupancy and task.compute_ns > 0):
+            self.sync(start)
+            share = task.mem_share if self.terms else 0.0  # without the term one clock serves every task
+            clock = self.clocks.get(share)
+            new = clock is None
+            if new:
+                clock = self.clocks[share] = _LoadClock(share, start)
+                self.clock_list.append(clock)
+            cta.compute_started = start
+            heapq.heappush(clock.heap, (clock.progress + task.compute_ns, cta.index))
+            self.computing += 1
+            self.retune(fabric=new)
+            return
+        end = start + task.compute_ns
+        if task.compute_ns > 0:
+            self.segments.append(Segment(cta.index, "compute", start, end, task.name))
+        heapq.heappush(self.compute_done, (end, cta.index))
+
+    def finish_task(self, cta: _Cta, now: float) -> None:
+        task = cta.task
+        self.task_end[task.name] = now
+        cta.pos += 1
+        cta.task_ready = now
+        self.try_start(cta, now)
+        for other in self.waiting.pop(task.name, []):
+            self.try_start(other, now)
+
+    def next_store(self, cta: _Cta, now: float) -> None:
+        """Claim the CTA's next store burst (the head of `pending_stores`) from its path's pacer, or
+        start it, or finish the task when none is left."""
+        if not cta.pending_stores:
+            self.finish_task(cta, now)
+            return
+        path, nbytes = cta.pending_stores[0]
+        if path in self.pacer:
+            start = self.pacer[path].release(now, nbytes)
+            if start > now:
+                self.segments.append(Segment(cta.index, "stall", now, start, cta.task.name))
+                heapq.heappush(self.released, (start, cta.index))
+                return
+        self.start_store(cta, now)
+
+    def start_store(self, cta: _Cta, now: float) -> None:
+        path, nbytes = cta.pending_stores[0]
+        cta.issue_started = now
+        self.sims[path].start_burst(cta.index, now, nbytes)
+        if path in self.in_fabric:
+            self.in_fabric[path][cta.index] = nbytes
+        self.trace(path, now)
+        self.issuing[(path, cta.index)] = cta
+
+    def store_issued(self, path: str, cta: _Cta, now: float) -> None:
+        if self.clocks:
+            self.sync(now)
+        _, nbytes = cta.pending_stores.pop(0)
+        if path in self.in_fabric:
+            del self.in_fabric[path][cta.index]
+        free = _free_issue_ns(self.paths[path], nbytes)
+        start = cta.issue_started
+        split = min(now, start + free)
+        self.segments.append(Segment(cta.index, "issue", start, split, cta.task.name))
+        if now > split:
+            self.segments.append(Segment(cta.index, "stall", split, now, cta.task.name))
+        self.next_store(cta, now)
+
+    def run(self) -> None:
+        """Start every CTA, then play the events in time order (the stores' issue ends on the paths, the
+        paced bursts' releases, the tasks' compute ends) until none is left."""
+        for cta in self.ctas:
+            self.try_start(cta, 0.0)
+        single = next(iter(self.sims)) if len(self.sims) == 1 else None
+        while True:
+            t_compute, slowest = self.next_compute_end()
+            paced_first = bool(self.released) and self.released[0][0] < t_compute
+            if paced_first:
+                t_compute = self.released[0][0]
+            if single is not None:
+                if self.advance_single_path(single, t_compute):
+                    continue
+            elif self.advance_next_path(t_compute):
+                continue
+            if math.isinf(t_compute):
+                break
+            if paced_first:
+                self.release_paced()
+            else:
+                self.end_compute(t_compute, slowest)
+
+    def next_compute_end(self) -> tuple[float, _LoadClock | None]:
+        """The next compute end and the clock it runs on (None: a task of fixed duration)."""
+        t_compute = self.compute_done[0][0] if self.compute_done else math.inf
+        slowest = None
+        for clock in self.clock_list:
+            if clock.heap:  # its next end: its first task's remaining progress at its rate
+                t = clock.t + (clock.heap[0][0] - clock.progress) * clock.sigma
+                if t < t_compute:
+                    t_compute, slowest = t, clock
+        return t_compute, slowest
+
+    def advance_single_path(self, single: str, t_compute: float) -> bool:
+        """One path: move it towards the next compute event, stopping at the first issue end. Whether
+        an issue ended."""
+        sim = self.sims[single]
+        if any(key[0] == single for key in self.issuing):
+            ended = sim.advance_until(t_compute)
+            if ended:
+                for sm, t_end in ended:
+                    self.store_issued(single, self.issuing.pop((single, sm)), t_end)
+                self.trace(single, ended[-1][1])
+                if self.terms:
+                    self.retune()
+                return True
+        return False
+
+    def advance_next_path(self, t_compute: float) -> bool:
+        """Several paths: play the earliest path event if it comes no later than `t_compute`. Whether
+        one was played."""
+        t_path, path_next = math.inf, None
+        for name, sim in self.sims.items():
+            t = sim.next_event_time()
+            if t < t_path:
+                t_path, path_next = t, name
+        if t_path <= t_compute and path_next is not None:
+            for sm, t_end in self.sims[path_next].advance(t_path):
+                self.store_issued(path_next, self.issuing.pop((path_next, sm)), t_end)
+            self.trace(path_next, t_path)
+            if self.terms:
+                self.retune()
+            return True
+        return False
+
+    def release_paced(self) -> None:
+        """Start the paced burst whose claim ends first."""
+        now, i = heapq.heappop(self.released)
+        if self.clocks:
+            self.sync(now)
+        self.start_store(self.ctas[i], now)
+        if self.terms:
+            self.retune()
+
+    def end_compute(self, t_compute: float, slowest: _LoadClock | None) -> None:
+        """End the compute of the task that ends first (at `t_compute` on clock `slowest`, or the
+        earliest fixed-duration task) and start its stores."""
+        if slowest is None:
+            now, i = heapq.heappop(self.compute_done)
+            if self.clocks:
+                self.sync(now)
+        else:
+            now = t_compute
+            self.sync(now)
+            _, i = heapq.heappop(slowest.heap)
+            self.computing -= 1
+        cta = self.ctas[i]
+        if slowest is not None and now > cta.compute_started:
+            self.segments.append(Segment(cta.index, "compute", cta.compute_started, now, cta.task.name))
+        dest_path = self.work.dest_path
+        cta.pending_stores = [(dest_path[d], b) for d, b in sorted(cta.task.stores.items()) if d in dest_path and b > 0]
+        self.next_store(cta, now)
+        if self.terms or self.occupancy:
+            self.retune(fabric=bool(self.terms))
