@@ -15,10 +15,10 @@ from xstage.bench import moe as bench_moe
 from xstage.bench import ulysses as bench_ulysses
 from xstage.bench.moe_summary import summarize
 from xstage.cli import main
+from xstage.cli import probe as probe_commands
 from xstage.model.data import SUMMARY_COLUMNS
 from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.params import PathParams
-from xstage.probe import commands as probe_commands
 from xstage.results import ResultWriter
 from xstage.results.io import write_csv_atomic
 from xstage.results.output import MANIFEST
@@ -178,7 +178,7 @@ def test_a_user_file_is_refused_forced_and_then_the_commands_own(case, tmp_path,
 
 
 def test_plan_calibrate_refuses_a_user_file_before_it_needs_a_gpu(tmp_path, capsys, monkeypatch):
-    import xstage.sched.commands as cmd
+    import xstage.cli.plan as cmd
 
     monkeypatch.setattr(cmd, "has_gpu", lambda: False)
     out = tmp_path / "c"

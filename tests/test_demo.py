@@ -5,7 +5,7 @@ import torch
 import xstage.demo as demo
 from xstage.cli import main
 from xstage.model import load_default_profile
-from xstage.moe.schedule import CANDIDATES
+from xstage.spec.schedule import CANDIDATES
 
 
 def _strict_json(text: str):

@@ -115,7 +115,8 @@ def _flash_base():
 
 
 def _moe_buffer(**kw):
-    from xstage.moe.buffer import BlockConfig, LoopbackGroup
+    from xstage.moe.buffer import LoopbackGroup
+    from xstage.spec.moe import BlockConfig
 
     args = dict(num_max_tokens_per_rank=8, num_experts=4, topk=2, hidden=64, intermediate=32,
                 group=LoopbackGroup(2), device="cpu", dtype="fp16",
@@ -145,11 +146,10 @@ def _ulysses_base():
 
 def _apis() -> list[Api]:
     from xstage.attention import FlashConfig, flash_attention, parse_exchange, ulysses_attention
+    from xstage.cli.model import parse_count, parse_size, parse_time
     from xstage.comm import create_context
-    from xstage.comm.pacing import StorePacing, parse_pacing
     from xstage.dtypes import parse_dtype
     from xstage.model import PathParams, Profile, load_default_profile
-    from xstage.model.commands import parse_count, parse_size, parse_time
     from xstage.moe import (
         BlockConfig,
         LoopbackGroup,
@@ -170,6 +170,7 @@ def _apis() -> list[Api]:
     from xstage.sched.exchange import default_exchange_costs, plan_exchange, predict
     from xstage.sched.moe import MoeConfig
     from xstage.sched.plan import plan_moe
+    from xstage.spec.pacing import StorePacing, parse_pacing
 
     prof = load_default_profile("host")
     params = prof.params.to_dict()

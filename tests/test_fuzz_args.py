@@ -201,13 +201,13 @@ def _core_shapes(text: str) -> None:
 def _grammars() -> dict:
     """Per option (flag, or `words flag` where subcommands differ): (values, oracle saying a value is
     malformed). Paths have the roles of `PATHS`."""
-    from xstage.model.commands import parse_count, parse_size, parse_time
-    from xstage.moe.problem import MoeShape, parse_block
-    from xstage.moe.schedule import check_schedule
-    from xstage.moe.variant import Variant, parse_variants
+    from xstage.cli import plan as sc
+    from xstage.cli.model import parse_count, parse_size, parse_time
     from xstage.probe.sweeps import parse_sweeps
     from xstage.results.select import parse_spec
-    from xstage.sched import commands as sc
+    from xstage.spec.moe import MoeShape, parse_block
+    from xstage.spec.schedule import check_schedule
+    from xstage.spec.variant import Variant, parse_variants
 
     def dtype(allowed):
         from xstage.dtypes import parse_dtype

@@ -25,10 +25,10 @@ import numpy as np
 from xstage.env import environment
 from xstage.model import calibration_design, load_default_profile, simulate_bursts
 from xstage.model.predict import DEFAULT_CLASSES, split_classes
-from xstage.moe.pacing import resolve_pacing
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import moe_work, simulate_remote
+from xstage.sched.pacing import resolve_pacing
 from xstage.sched.validate import _config, fused_rows, split_variant
 
 ENGINES = ("reference", "fast")

@@ -1,5 +1,6 @@
-"""What a fresh process pays before its first decision: `import xstage` beside `import torch`, and the
-first `exchange="auto"` decision after `import xstage`, for one or more source trees, in turns.
+"""What a fresh process pays before its first decision: `import xstage` beside `import torch`, the MoE
+kernels' package (`from xstage.moe import fused_moe`), and the first `exchange="auto"` decision after
+its imports, for one or more source trees, in turns.
 
 Each measurement is its own fresh Python process (the trees take turns, `--rounds` times); times are
 wall clock inside the process (`time.perf_counter`), medians with p10/p90 per tree.
@@ -23,10 +24,13 @@ from xstage.env import environment
 
 _IMPORT_TORCH = "import time; t = time.perf_counter(); import torch; print(time.perf_counter() - t)"
 _IMPORT_XSTAGE = "import time; t = time.perf_counter(); import xstage; print(time.perf_counter() - t)"
+# What a MoE user imports: the kernels' package and, through it, torch, Triton and the planner.
+_IMPORT_MOE = "import time; t = time.perf_counter(); from xstage.moe import fused_moe; print(time.perf_counter() - t)"
 # The first decision as `exchange="auto"` makes it: the planner's pick for one call shape.
 _FIRST_AUTO = ("import time; import xstage; from xstage.attention.exchange import resolve_auto; "
                "from xstage.attention.layout import UlyssesPlan; "
-               "t = time.perf_counter(); resolve_auto(UlyssesPlan(4, 0, 1, [8192] * 4, 24, 128), None, 'host', None); "
+               "t = time.perf_counter(); "
+               "resolve_auto(UlyssesPlan(4, 0, 1, [8192] * 4, 24, 128), 'bf16', 'host', None); "
                "print(time.perf_counter() - t)")
 
 
@@ -51,11 +55,13 @@ def main() -> None:
     ap.add_argument("-o", "--out", required=True, type=Path)
     args = ap.parse_args()
     trees = dict(t.split("=", 1) for t in args.tree)
-    times: dict[str, dict[str, list[float]]] = {n: {"torch": [], "xstage": [], "first_auto": []} for n in trees}
+    kinds = ("torch", "xstage", "moe", "first_auto")
+    times: dict[str, dict[str, list[float]]] = {n: {k: [] for k in kinds} for n in trees}
     for _ in range(args.rounds):
         for name, src in trees.items():
             times[name]["torch"].append(_run(_IMPORT_TORCH, src))
             times[name]["xstage"].append(_run(_IMPORT_XSTAGE, src))
+            times[name]["moe"].append(_run(_IMPORT_MOE, src))
             times[name]["first_auto"].append(_run(_FIRST_AUTO, src))
     result = {"environment": environment(), "trees": trees,
               "results": {n: {k: _stats(v) for k, v in t.items()} for n, t in times.items()}}
@@ -67,7 +73,8 @@ def main() -> None:
     for name, t in result["results"].items():
         add = t["xstage"]["median_s"] - t["torch"]["median_s"]
         print(f"{name}: import torch {t['torch']['median_s']:.2f} s, import xstage {t['xstage']['median_s']:.2f} s "
-              f"(+{add:.2f} s), first auto decision {t['first_auto']['median_s'] * 1e3:.0f} ms")
+              f"(+{add:.2f} s), from xstage.moe import fused_moe {t['moe']['median_s']:.2f} s, "
+              f"first auto decision {t['first_auto']['median_s'] * 1e3:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -23,10 +23,10 @@ import json
 import os
 from pathlib import Path
 
+from xstage.calibrate.tiles import MODEL_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.results.io import read_rows, write_csv_atomic
-from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import load_default_costs
 from xstage.sched.interference import fit_interference, unpaced_drain_from
 

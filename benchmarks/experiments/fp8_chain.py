@@ -21,9 +21,10 @@ import torch
 
 from xstage.moe.baseline import ChainFP8, Unfused
 from xstage.moe.fp8 import quantize_rowwise
-from xstage.moe.problem import SHAPES, Problem
+from xstage.moe.problem import Problem
 from xstage.results import ResultWriter
 from xstage.results.timing import time_in_turns
+from xstage.spec.moe import SHAPES
 
 COLUMNS = ["shape", "tokens", "chain", "time_ns", "p10_ns", "p90_ns", "tflops", "rel_fro"]
 

@@ -18,15 +18,15 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
+from xstage.calibrate.tiles import MODEL_SHAPES
 from xstage.env import environment
 from xstage.model.interference import load_default_interference
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.problem import MoeShape, parse_block
 from xstage.results.io import read_rows, write_csv_atomic
-from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, simulate_remote
+from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import moe_path_params
+from xstage.spec.moe import MoeShape, parse_block
 
 KINDS = ("dispatch", "linear1", "linear2")
 

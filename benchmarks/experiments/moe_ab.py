@@ -33,18 +33,18 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.calibrate.tiles import MODEL_SHAPES, REPORT_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.model.interference import Interference, load_default_interference
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.variant import Variant
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
-from xstage.sched.calibrate import MODEL_SHAPES, REPORT_SHAPES
 from xstage.sched.costs import load_default_costs
 from xstage.sched.interference import fit_unpaced_bias
+from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import rank_ns
 from xstage.sched.validate import fused_rows, validate_moe
+from xstage.spec.variant import Variant
 
 POOL_BYTES = 256 << 20  # the kernel's default row pool (`MoEBuffer`), which measured both runs
 BASELINE = "expert_wave@default"

@@ -20,9 +20,10 @@ import triton
 import triton.language as tl
 
 from xstage.moe.fused import launch_main, launch_reduce, plan
-from xstage.moe.problem import DEFAULT_BLOCK, MoeShape, Problem, parse_block
-from xstage.moe.schedule import LINEAR1
+from xstage.moe.problem import Problem
 from xstage.results import ResultWriter
+from xstage.spec.moe import DEFAULT_BLOCK, MoeShape, parse_block
+from xstage.spec.schedule import LINEAR1
 
 BESIDE = ["shape", "tokens", "storing_ctas", "idle_ns", "busy_ns", "store_ns_nominal"]
 TRACED = ["shape", "tokens", "ep", "schedule", "path", "linear1_median_ns", "kernel_span_ns"]

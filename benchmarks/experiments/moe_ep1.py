@@ -30,9 +30,10 @@ from xstage.moe.baseline import Unfused
 from xstage.moe.buffer import LoopbackGroup, MoEBuffer
 from xstage.moe.fused import launch_main, launch_reduce, plan
 from xstage.moe.layout import transform_weights
-from xstage.moe.problem import DEFAULT_BLOCK, SHAPES, MoeShape, Problem, parse_block
-from xstage.moe.schedule import KIND_NAMES
+from xstage.moe.problem import Problem
 from xstage.results import ResultWriter, geomean, read_rows, synchronize, time_device
+from xstage.spec.moe import DEFAULT_BLOCK, SHAPES, MoeShape, parse_block
+from xstage.spec.schedule import KIND_NAMES
 
 KEYS = ["shape", "tokens", "schedule", "block"]
 TILE_COLUMNS = [f"{name}_us" for name in KIND_NAMES]

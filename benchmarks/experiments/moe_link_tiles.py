@@ -25,9 +25,10 @@ import torch
 
 from xstage.bench.moe import time_fused
 from xstage.moe.fused import launch_main, launch_reduce, plan
-from xstage.moe.problem import DEFAULT_BLOCK, MoeShape, Problem, parse_block
-from xstage.moe.schedule import KIND_NAMES
+from xstage.moe.problem import Problem
 from xstage.results import ResultWriter, synchronize
+from xstage.spec.moe import DEFAULT_BLOCK, MoeShape, parse_block
+from xstage.spec.schedule import KIND_NAMES
 
 KEYS = ["shape", "tokens", "ep", "path", "schedule"]
 PER_KIND = [f"{k}_{s}" for k in KIND_NAMES for s in ("median_us", "mean_us", "per_cta_us")]

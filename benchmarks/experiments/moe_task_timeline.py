@@ -21,9 +21,10 @@ import torch
 from moe_link_tiles import parse_configs, parse_list  # the sibling trace script's --configs format
 
 from xstage.moe.fused import launch_main, launch_reduce, plan
-from xstage.moe.problem import DEFAULT_BLOCK, MoeShape, Problem, parse_block
-from xstage.moe.schedule import KIND_NAMES
+from xstage.moe.problem import Problem
 from xstage.results import ResultWriter, synchronize
+from xstage.spec.moe import DEFAULT_BLOCK, MoeShape, parse_block
+from xstage.spec.schedule import KIND_NAMES
 
 COLUMNS = ["shape", "tokens", "ep", "path", "schedule", "kind", "tasks", "p10_us", "p50_us", "p90_us", "mean_us",
            "span_us"]

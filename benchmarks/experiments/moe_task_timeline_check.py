@@ -23,16 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.calibrate.tiles import MODEL_SHAPES
 from xstage.env import environment
 from xstage.model.interference import load_default_interference
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.problem import MoeShape, parse_block
-from xstage.moe.schedule import LINEAR2
 from xstage.results.io import write_csv_atomic
-from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, simulate_remote
+from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import moe_path_params
+from xstage.spec.moe import MoeShape, parse_block
+from xstage.spec.schedule import LINEAR2
 
 NAME = re.compile(r"(?P<shape>H\d+-I\d+-E\d+-K\d+)-(?P<tokens>\d+)-ep(?P<ep>\d+)-(?P<path>\w+)"
                   r"-(?P<sched>[a-z_]+\d*)\.npz")

@@ -4,7 +4,7 @@ Input: `moe_ep1.py --trace` rows of several schedules (`ep1.csv`: per shape, tok
 fused kernel's time and the mean tile time per kind). Output, under `--out`:
 - `ratios.csv`: per shape, tokens, schedule and kind the measured ratio (mean tile time over
   `expert_wave`'s in the same run) and the ratio the effect predicts from the calibration shapes only
-  (`xstage.sched.calibrate.MODEL_SHAPES`); the report shapes never enter it.
+  (`xstage.calibrate.tiles.MODEL_SHAPES`); the report shapes never enter it.
 - `ep1-kernels.csv`: the EP=1 kernel time per configuration and schedule, measured and simulated with
   the calibration shapes' costs, with and without the effect; the summary scores the times and each
   schedule's time over `expert_wave`'s.
@@ -23,17 +23,17 @@ import dataclasses
 import statistics
 from pathlib import Path
 
+from xstage.calibrate.tiles import MODEL_SHAPES, REPORT_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
-from xstage.moe.problem import MoeShape
-from xstage.moe.schedule import KIND_NAMES
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
-from xstage.sched.calibrate import MODEL_SHAPES, REPORT_SHAPES
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.ordercost import order_effect_from_means
 from xstage.sched.simulate import simulate_kernel
+from xstage.spec.moe import MoeShape
+from xstage.spec.schedule import KIND_NAMES
 
 
 def mean_rows(ep1: list[dict]) -> list[dict]:

@@ -31,8 +31,9 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import globaltimer
-from xstage.comm.pacing import pace_stores, pacing_args, parse_pacing
+from xstage.comm.pacing import pace_stores
 from xstage.results import ResultWriter
+from xstage.spec.pacing import pacing_args, parse_pacing
 
 COLUMNS = ["dest", "ctas", "store_bytes", "read_bytes", "store_ns", "read_ns"]
 BYSTANDER_COLUMNS = ["dest", "storing_ctas", "reading_ctas", "read_bytes", "read_ns"]

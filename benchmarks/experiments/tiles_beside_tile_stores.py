@@ -36,11 +36,12 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import globaltimer
-from xstage.comm.pacing import pace_stores, pacing_args, parse_pacing
+from xstage.comm.pacing import pace_stores
 from xstage.env import environment
 from xstage.results import time_device
 from xstage.results.io import write_csv_atomic
 from xstage.results.tables import markdown_table
+from xstage.spec.pacing import pacing_args, parse_pacing
 
 BM, BN, BK, K = 128, 256, 64, 1536
 ROW_BYTES = BN * 2

@@ -30,10 +30,9 @@ from pathlib import Path
 
 import torch
 
-from xstage.attention.exchange import parse_exchange
 from xstage.attention.flash import default_config
-from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
-from xstage.attention.overlap import attend, concurrent_tiles, overlap_blocks, run_overlap
+from xstage.attention.layout import empty_gathered_out, unpack_qkv
+from xstage.attention.overlap import attend, concurrent_tiles, run_overlap
 from xstage.attention.ulysses import fused_state, loopback_gather, stage_buffer
 from xstage.bench.ulysses import graphed
 from xstage.comm import create_context
@@ -41,6 +40,8 @@ from xstage.comm.stamps import stamp
 from xstage.results import time_device
 from xstage.results.io import ResultWriter
 from xstage.results.tables import markdown_table
+from xstage.spec.exchange import parse_exchange
+from xstage.spec.ulysses import UlyssesPlan, overlap_blocks, split_sizes
 
 COLUMNS = ["tokens", "P", "heads", "dim", "variant", "block", "rows", "remote_rows", "compute_start_us",
            "compute_end_us", "compute_us", "alone_us", "slowdown", "gap_us", "copy_start_us", "copy_end_us",

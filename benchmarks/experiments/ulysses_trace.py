@@ -48,12 +48,13 @@ from xstage.attention.flash import (
     launch_grid,
     trace_buffer,
 )
-from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
+from xstage.attention.layout import empty_gathered_out, unpack_qkv
 from xstage.attention.ulysses import fused_state, loopback_gather, wait_fused
 from xstage.comm import create_context
 from xstage.results.io import write_csv_atomic
 from xstage.results.tables import markdown_table
 from xstage.results.timing import events, synchronize, time_device
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 TOKENS = (118800, 32760)  # the long sequence first: a run cut short by --budget-s keeps it
 WORLDS = (2, 4, 8)

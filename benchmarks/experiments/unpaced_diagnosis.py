@@ -21,14 +21,14 @@ import argparse
 import os
 from pathlib import Path
 
+from xstage.calibrate.tiles import REPORT_SHAPES
 from xstage.env import environment
 from xstage.model.interference import load_default_interference
-from xstage.moe.pacing import resolve_pacing
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
-from xstage.sched.calibrate import REPORT_SHAPES
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import moe_work, simulate_remote
+from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import moe_path_params
 from xstage.sched.validate import _config
 

@@ -47,6 +47,8 @@ MAX_BOOTSTRAP = 10_000
 # Ranks of one group. NVLink domains reach 72 GPUs (NVL72) and expert-parallel groups a few hundred;
 # a loopback rank holds a copy of every buffer of the context, and error words name a peer in 16 bits.
 MAX_RANKS = 1024
+# Bits of a rank in a device error word (`xstage.comm.stages`): a group holds at most 2^16 - 1 ranks.
+PEER_BITS = 16
 
 
 def label(arg: str, value) -> str:

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from xstage.comm.pacing import spec_of
 from xstage.errors import InputError
 from xstage.model import (
     load_default_profile,
@@ -32,15 +31,16 @@ from xstage.model import (
 )
 from xstage.model.interference import load_default_interference
 from xstage.model.params import PARAM_UNITS
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.schedule import CANDIDATES
 from xstage.results import emit, markdown_table
 from xstage.results.output import Outputs, add_force_option, path_arg, write_text
 from xstage.results.progress import Progress, say
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig
+from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import plan_moe
 from xstage.sched.timeline import plot_timeline
+from xstage.spec.pacing import spec_of
+from xstage.spec.schedule import CANDIDATES
 
 _PLAN_CONFIG = ("H4096-I2048-E256-K6", 2048, 8)
 _PLAN_PACING = "default"  # the path's fixed default pacing: one row per schedule

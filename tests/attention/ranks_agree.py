@@ -24,8 +24,8 @@ def _values(rank, world, device, D, failures):
     """Zero-token and zero-head ranks, every exchange, seq_lens gathered and given."""
     from xstage.attention import ulysses_attention, ulysses_reference
     from xstage.attention.flash import default_config
-    from xstage.attention.layout import UlyssesPlan
     from xstage.attention.ulysses import _group_context, fused_state
+    from xstage.spec.ulysses import UlyssesPlan
 
     tol = {torch.float16: 2e-3, torch.float32: 1e-5}
     cases = [  # (B, H, seq, dtype, exchanges)

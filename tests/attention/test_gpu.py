@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from xstage.attention import attention_reference, flash_attention, ulysses_attention, ulysses_reference
-from xstage.attention.layout import UlyssesPlan
 from xstage.attention.ulysses import fused_state, loopback_index
 from xstage.comm import create_context
+from xstage.spec.ulysses import UlyssesPlan
 
 
 def _rel_err(got, ref):
@@ -63,10 +63,11 @@ def test_the_delivery_check_catches_receivers_that_read_before_the_copies_land()
     their staged rows without stream order, must report the race; with the library's ordering it
     reports every row delivered."""
     from xstage.attention.flash import default_config
-    from xstage.attention.layout import empty_gathered_out, split_sizes
+    from xstage.attention.layout import empty_gathered_out
     from xstage.attention.overlap import run_serial_copies
     from xstage.attention.ulysses import stage_buffer
     from xstage.bench.ulysses import MAX_ERR, delivered_error
+    from xstage.spec.ulysses import split_sizes
 
     world, rank, H, D, T = 2, 0, 16, 128, 32768  # 8 heads of 32K tokens: attention takes milliseconds
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -26,8 +26,7 @@ def _worker(rank, world, port, use_gpu, dtype, results):
     import torch.distributed as dist
 
     from xstage.attention import ulysses_attention, ulysses_reference
-    from xstage.attention.exchange import parse_exchange
-    from xstage.attention.layout import UlyssesPlan, empty_gathered_out
+    from xstage.attention.layout import empty_gathered_out
     from xstage.attention.overlap import run_overlap
     from xstage.attention.ulysses import (
         _group_context,
@@ -38,6 +37,8 @@ def _worker(rank, world, port, use_gpu, dtype, results):
         wait_fused,
     )
     from xstage.errors import CommTimeoutError
+    from xstage.spec.exchange import parse_exchange
+    from xstage.spec.ulysses import UlyssesPlan
 
     device = torch.device("cuda", 0) if use_gpu else torch.device("cpu")
     if use_gpu:

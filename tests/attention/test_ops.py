@@ -39,8 +39,8 @@ def test_custom_op_matches_the_function_and_compiles(device):
 def test_cuda_graph_replays_each_exchange_on_a_loopback_group(exchange):
     # the host path's stand-in ranks unpack in stream order, so every mechanism can be captured
     from xstage.attention import ulysses_reference
-    from xstage.attention.layout import UlyssesPlan
     from xstage.attention.ulysses import loopback_index
+    from xstage.spec.ulysses import UlyssesPlan
 
     world, rank, H, D, seq = 4, 3, 30, 128, [300, 300, 300, 300]
     ctx = create_context(path="host", loopback_world=world, rank=rank)

@@ -23,10 +23,10 @@ from xstage.attention.flash import (
     launch_grid,
     trace_buffer,
 )
-from xstage.attention.layout import UlyssesPlan, split_sizes
 from xstage.attention.ulysses import fused_state, loopback_gather, wait_fused
 from xstage.comm import create_context
 from xstage.errors import InputError
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,13 +4,15 @@ import pytest
 import torch
 
 from xstage.attention import UlyssesAttention, ulysses_attention, ulysses_reference
-from xstage.attention.exchange import parse_exchange, resolve_auto
+from xstage.attention.exchange import resolve_auto
 from xstage.attention.flash import FlashConfig, default_config
-from xstage.attention.layout import UlyssesPlan, pack_qkv, split_sizes, unpack_out, unpack_qkv
+from xstage.attention.layout import pack_qkv, unpack_out, unpack_qkv
 from xstage.attention.ulysses import fused_state, loopback_index, run_fused
 from xstage.comm import create_context
 from xstage.comm.ulysses_signals import tiles_touching, wait_counters
 from xstage.errors import CommTimeoutError, InputError
+from xstage.spec.exchange import parse_exchange
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 TOL = {torch.float16: 2e-3, torch.float32: 1e-5}
 
@@ -290,8 +292,7 @@ def _tiles(ranges, heads, block_m):
 def test_waves_cut_leaves_only_the_spill_beside_the_own_rows(heads, tokens, world, blocks):
     """The `waves` cut: every remote row once, the own rows last, and the last remote block holds just
     the tiles that the own tiles cannot fill the last wave with (an independent wave count)."""
-    from xstage.attention.layout import UlyssesPlan, split_sizes
-    from xstage.attention.overlap import overlap_blocks
+    from xstage.spec.ulysses import UlyssesPlan, overlap_blocks, split_sizes
 
     slots, bm = 132, 128
     plan = UlyssesPlan(world, 0, 1, split_sizes(tokens, world), heads, 128)
@@ -312,8 +313,7 @@ def test_waves_cut_leaves_only_the_spill_beside_the_own_rows(heads, tokens, worl
 
 
 def test_waves_cut_is_even_without_a_spill():
-    from xstage.attention.layout import UlyssesPlan, split_sizes
-    from xstage.attention.overlap import overlap_blocks
+    from xstage.spec.ulysses import UlyssesPlan, overlap_blocks, split_sizes
 
     for heads, tokens, world in ((24, 32760, 4), (24, 2048, 8), (40, 75600, 8)):  # own tiles fill it; one wave
         plan = UlyssesPlan(world, 0, 1, split_sizes(tokens, world), heads, 128)
@@ -326,8 +326,9 @@ def test_waves_cut_is_even_without_a_spill():
                                                    (2, 1, [33, 31], 4), (3, 0, [70, 69, 69], "4:waves")],
                          ids=["P3-r1-uneven-3blocks", "P4-r0-2blocks", "P2-r1-4blocks", "P3-r0-4blocks-waves"])
 def test_overlap_sends_every_remote_row_once_in_flag_order(world, rank, seq, blocks, device):
-    from xstage.attention.overlap import overlap_blocks, run_overlap
+    from xstage.attention.overlap import run_overlap
     from xstage.attention.ulysses import stage_buffer, unpack_loopback
+    from xstage.spec.ulysses import overlap_blocks
 
     H = 4
     plan, (q, k, v), refs, ctx = _loopback_case(world, rank, H, seq, torch.float16, device, "hbm")

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from xstage.comm.pacing import MAX_BUDGET, MAX_RATE, MIN_RATE, StorePacing, parse_pacing, spec_of
 from xstage.errors import InputError
+from xstage.spec.pacing import MAX_BUDGET, MAX_RATE, MIN_RATE, StorePacing, parse_pacing, spec_of
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -10,7 +10,7 @@ import pytest
 
 import xstage.model as model_pkg
 from xstage.cli import build_parser, main
-from xstage.model import commands
+from xstage.cli import model as commands
 from xstage.model import fit as fit_mod
 from xstage.model.data import SUMMARY_COLUMNS, read_observations
 from xstage.model.design import calibration_design, synthetic_observations

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from xstage.cli import main
+from xstage.cli.model import parse_size, parse_time, predict_burst
 from xstage.errors import InputError
 from xstage.model import closed_form as cf
-from xstage.model.commands import parse_size, parse_time, predict_burst
 from xstage.model.data import SUMMARY_COLUMNS, load_reference_data
 from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.params import PathParams

@@ -9,8 +9,8 @@ from xstage.bench.moe_summary import summarize
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe import BlockConfig
-from xstage.moe.problem import parse_block
 from xstage.results.io import ResultWriter, read_rows
+from xstage.spec.moe import parse_block
 
 CALLS = ROUTINGS  # each routing called once: the interpreter runs a call in a tenth of a second
 

@@ -4,17 +4,17 @@ defined for calls of 0 and 1 tokens (kernels in Triton's interpreter, fp16, tiny
 import pytest
 import torch
 
-import xstage.moe.pacing as pacing_mod
-import xstage.moe.schedule as schedule_mod
+import xstage.moe.decision as decision_mod
+import xstage.sched.policy as policy
 from xstage.errors import InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, Variant, fused_moe, transform_weights
 from xstage.moe.decision import MoEDecision, token_bucket, token_buckets
 from xstage.moe.device_plan import device_plan
 from xstage.moe.fused import plan
-from xstage.moe.pacing import resolve_pacing
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
 from xstage.sched.moe import MoeConfig, routes_rows
-from xstage.sched.plan import pick_for_moe_buffer, pick_pacing_for_buffer
+from xstage.sched.pacing import resolve_pacing
+from xstage.sched.policy import pick_for_moe_buffer, pick_pacing_for_buffer
 
 CFG = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
 H, I = 64, 32
@@ -44,22 +44,20 @@ def _reference(x, idx, w, l1, l2, R):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Every question put to the planner, as (what, tokens, schedule or pacing asked with): both choosers
-    are wrapped, their answers unchanged."""
+    """Every question put to the planner's policy, as (what, tokens, schedule or pacing asked with): the
+    two policy functions the MoE decisions call are wrapped, their answers unchanged."""
     seen = []
-    pick_schedule = schedule_mod.chooser("model_guided")
-    pick_pacing = pacing_mod._CHOOSER
 
-    def schedule(buf, tokens, ctas, pacing):
-        seen.append(("schedule", tokens, pacing))
-        return pick_schedule(buf, tokens, ctas, pacing)
+    def schedule(cfg, path, ctas, pacing, **kw):
+        seen.append(("schedule", cfg.tokens_per_rank, pacing))
+        return policy.choose_schedule(cfg, path, ctas, pacing, **kw)
 
-    def pacing(buf, tokens, ctas, order):
-        seen.append(("pacing", tokens, order))
-        return pick_pacing(buf, tokens, ctas, order)
+    def pacing(cfg, path, ctas, order, **kw):
+        seen.append(("pacing", cfg.tokens_per_rank, order))
+        return policy.choose_pacing(cfg, path, ctas, order, **kw)
 
-    monkeypatch.setitem(schedule_mod._CHOOSERS, "model_guided", schedule)
-    monkeypatch.setattr(pacing_mod, "_CHOOSER", pacing)
+    monkeypatch.setattr(decision_mod, "choose_schedule", schedule)
+    monkeypatch.setattr(decision_mod, "choose_pacing", pacing)
     return seen
 
 

@@ -17,11 +17,11 @@ import torch
 from tests.moe.hopper import assert_compiles_for_hopper
 from xstage.errors import InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
-from xstage.moe.buffer import MIN_POOL_UNITS
 from xstage.moe.device_plan import DevicePlan, device_plan, plan_tables, pool_needed
 from xstage.moe.fused import _Plan, plan
 from xstage.moe.layout import routing_layout, unit_experts
-from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, make_schedule
+from xstage.spec.moe import MIN_POOL_UNITS
+from xstage.spec.schedule import CANDIDATES, PoolTooSmallError, make_schedule
 
 CFG = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
 # n1 = 3 and n2 = 2 with I = 48, H = 96 (a half-empty last output block), block_m 32.
@@ -240,7 +240,7 @@ def test_order_that_cannot_fit_is_refused_up_front_in_the_hosts_words():
 
 
 def test_custom_order_is_planned_on_the_host(monkeypatch):
-    from xstage.moe import schedule as sched_mod
+    from xstage.spec import schedule as sched_mod
 
     def backwards(unit_expert, n1, n2, num_ctas, arg, pool_units=None):
         order = []

@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 import torch
 
-from xstage.comm.pacing import StorePacing
 from xstage.errors import CommTimeoutError, InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
 from xstage.moe.fused import launch, plan
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
+from xstage.spec.pacing import StorePacing
 
 CFG = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
 TOL = {torch.float16: dict(rtol=2e-2, atol=2e-2), torch.float32: dict(rtol=1e-4, atol=1e-4)}
@@ -145,8 +145,9 @@ def test_pacing_defaults_and_bad_values():
 
 
 def test_auto_pacing_is_the_planners_pick_for_the_call():
-    from xstage.moe.pacing import PACING_CANDIDATES, resolve_pacing
-    from xstage.sched.plan import pick_pacing_for_buffer
+    from xstage.sched.pacing import resolve_pacing
+    from xstage.sched.policy import pick_pacing_for_buffer
+    from xstage.spec.pacing import PACING_CANDIDATES
 
     T, E, K, H, I, R = 8, 4, 2, 64, 32, 2
     x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=4)
@@ -283,7 +284,7 @@ def test_partial_last_output_block_and_repeated_calls():
 def test_any_routing_completes_in_a_reused_row_pool():
     # Every token to the same two experts: 38 units of 16 rows in a pool of 32 units, so 6 units reuse
     # the slots of units that finished; every schedule gives the reference result, bitwise equal.
-    from xstage.moe.buffer import MIN_POOL_UNITS
+    from xstage.spec.moe import MIN_POOL_UNITS
 
     T, E, K, H, I, R = 300, 4, 2, 64, 32, 1
     x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, torch.float16, seed=4)
@@ -305,7 +306,7 @@ def test_any_routing_completes_in_a_reused_row_pool():
 
 
 def test_pool_below_the_minimum_and_deprecated_capacity_factor():
-    from xstage.moe.buffer import MIN_POOL_UNITS
+    from xstage.spec.moe import MIN_POOL_UNITS
 
     unit_bytes = CFG.block_m * (64 + 32) * 2
     with pytest.raises(InputError, match=f"minimum is {MIN_POOL_UNITS} units"):

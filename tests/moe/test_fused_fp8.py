@@ -8,8 +8,8 @@ import torch
 
 from xstage.errors import InputError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
-from xstage.moe.buffer import FP8_BLOCK_CONFIG
 from xstage.moe.fp8 import FP8, expert_mlp_fp8, quantize_activations, quantize_weights, reference_moe_fp8
+from xstage.spec.moe import FP8_BLOCK_CONFIG
 
 CFG = BlockConfig(block_m=16, block_n1=128, block_n2=64, block_k=128, block_d=128, tma=False)
 SCHEDULES = ["expert_wave", "interleaved", "lag:1"]
@@ -146,14 +146,14 @@ def test_fp8_layer_meets_the_accuracy_targets_on_the_gpu(tma):
 def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
     from xstage.sched.costs import load_default_costs
     from xstage.sched.moe import moe_work
-    from xstage.sched.plan import _buffer_config
+    from xstage.sched.policy import buffer_config
 
     kw = dict(num_max_tokens_per_rank=1024, num_experts=64, topk=4, hidden=1024, intermediate=512,
               group=LoopbackGroup(8, path="host"), device="cpu")
-    fp8 = _buffer_config(MoEBuffer(dtype="fp8", **kw), 1024)
+    fp8 = buffer_config(MoEBuffer(dtype="fp8", **kw), 1024)
     same_blocks = dataclasses.replace(MoEBuffer(dtype="fp8", **kw).cfg, num_stages=2)  # 2-byte tiles take 2x the bytes
     # A 2-byte buffer, as the planner sees a bf16 one (fp16: bf16 buffers are refused in the CPU interpreter).
-    bf16 = _buffer_config(MoEBuffer(dtype="fp16", config=same_blocks, **kw), 1024)
+    bf16 = buffer_config(MoEBuffer(dtype="fp16", config=same_blocks, **kw), 1024)
     assert (fp8.elem_bytes, fp8.store_elem_bytes, bf16.elem_bytes, bf16.store_elem_bytes) == (1, 2, 2, 2)
     work = {c.elem_bytes: moe_work(c, "lag:1", load_default_costs("moe"), 8).all_tasks() for c in (fp8, bf16)}
     # the same remote bytes (BF16 combine rows), and GEMM tiles no slower with 1-byte operands
@@ -161,10 +161,13 @@ def test_the_planner_sees_fp8_operands_and_bf16_combine_rows():
     gemm = {e: sum(t.compute_ns for t in w if t.kind in ("linear1", "linear2")) for e, w in work.items()}
     assert gemm[1] < gemm[2]
     # An FP8 buffer's planner takes the tile costs traced on an FP8 buffer: 1-byte rows of its tiles.
-    from xstage.sched.plan import _costs
+    from xstage.sched.policy import _moe_calibration
 
-    costs8 = _costs(MoEBuffer(dtype="fp8", **kw))
-    assert costs8.provenance["dtype"] == "fp8" and _costs(MoEBuffer(dtype="fp16", config=same_blocks, **kw)) != costs8
+    def costs(buf):  # what the policy decides this buffer's calls with
+        return _moe_calibration(buf.store_path, "fp8" if buf.fp8 else "bf16", None, None, None)[1]
+
+    costs8 = costs(MoEBuffer(dtype="fp8", **kw))
+    assert costs8.provenance["dtype"] == "fp8" and costs(MoEBuffer(dtype="fp16", config=same_blocks, **kw)) != costs8
     assert {r["elem_bytes"] for r in costs8.table} == {1} and {r["block"] for r in costs8.table} == {fp8.block}
 
 

@@ -12,7 +12,8 @@ import torch
 
 from xstage.moe import fused_moe, loopback_inputs, reference_moe_virtual
 from xstage.moe.fused import launch_main, plan
-from xstage.moe.problem import DEFAULT_BLOCK, MoeShape, Problem, parse_block
+from xstage.moe.problem import Problem
+from xstage.spec.moe import DEFAULT_BLOCK, MoeShape, parse_block
 
 pytestmark = pytest.mark.gpu
 

@@ -6,14 +6,13 @@ import torch
 
 from xstage.env import interpreter_active
 from xstage.errors import InputError
-from xstage.moe.buffer import BlockConfig
 from xstage.moe.layout import transform_weights
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.problem import parse_block
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
-from xstage.moe.schedule import make_schedule
-from xstage.moe.variant import parse_variants
 from xstage.probe.sweeps import parse_sweeps
+from xstage.sched.pacing import resolve_pacing
+from xstage.spec.moe import BlockConfig, parse_block
+from xstage.spec.schedule import make_schedule
+from xstage.spec.variant import parse_variants
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -252,7 +251,7 @@ def test_fused_moe_checks_the_call_numbers_before_launching():
     ("lag:4@50:1e300", r"BUDGET_KIB=1e\+300: must be a finite number in 0\.\.1048576 KiB"),
 ])
 def test_variants_refuse_absurd_pacings(text, match):
-    from xstage.moe.variant import Variant
+    from xstage.spec.variant import Variant
 
     with pytest.raises(InputError, match=match):
         Variant.parse(text)

@@ -107,8 +107,8 @@ def test_fp8_op_matches_eager_bitwise_and_passes_opcheck():
 def test_fp8_cuda_graph_replay():
     """An FP8 buffer's op captured once (BF16 x quantized inside the graph) and replayed on new tokens
     and routings gives the eager layer's output bit for bit."""
-    from xstage.moe.buffer import FP8_BLOCK_CONFIG
     from xstage.moe.fp8 import quantize_weights
+    from xstage.spec.moe import FP8_BLOCK_CONFIG
 
     T, E, K, H, I, R = 200, 16, 4, 512, 256, 2
     gen = torch.Generator().manual_seed(7)

@@ -7,7 +7,7 @@ import torch
 from xstage.errors import InputError
 from xstage.moe.layout import routing_layout, transform_weights, unit_experts, untransform_l1
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
-from xstage.moe.schedule import DISPATCH, LINEAR1, LINEAR2, make_schedule
+from xstage.spec.schedule import DISPATCH, LINEAR1, LINEAR2, make_schedule
 
 
 def _dense_moe(x, idx, w, l1_all, l2_all):

@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from xstage.errors import InputError
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.schedule import CANDIDATES, register_schedule, schedule_names
-from xstage.moe.variant import Variant, parse_variants
+from xstage.sched.pacing import resolve_pacing
+from xstage.spec.schedule import CANDIDATES, register_schedule, schedule_names
+from xstage.spec.variant import Variant, parse_variants
 
 
 @pytest.mark.parametrize("text,schedule,pacing", [
@@ -61,21 +61,25 @@ def test_resolve_pacing_is_the_one_resolver():
         resolve_pacing(5e10, "host", 4)
 
 
-def test_model_guided_works_after_import_xstage_alone():
-    code = ("import xstage\n"
-            "from xstage.moe.schedule import chooser\n"
-            "assert chooser('model_guided') is not None\n"
-            "import xstage.moe.pacing as p\n"
-            "assert p._CHOOSER is not None\n"
-            "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+def test_model_guided_and_auto_are_decided_in_a_process_that_imports_only_the_kernels():
+    # The kernels ask the planner's policy themselves: no import of the planner, no registration.
+    code = ("import torch\n"
+            "from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer\n"
+            "from xstage.moe.fused import plan\n"
+            "cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)\n"
+            "buf = MoEBuffer(8, 4, 2, 64, 32, LoopbackGroup(2, path='host'), device='cpu', dtype=torch.float16,\n"
+            "                config=cfg)\n"
+            "p = plan(torch.tensor([[0, 1], [2, 3], [1, 2]]), buf, 'model_guided', pacing='auto')\n"
+            "(d,) = buf.decisions()\n"
+            "print(p.schedule.name == d.schedule, [x.kind for x in d.planner])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "ok"
+    assert out.stdout.strip() == "True ['pacing', 'schedule']"
 
 
 def test_off_and_a_rate_read_no_profile_and_default_reads_it_once(monkeypatch):
     # Only "default" depends on the path's embedded profile; it is read once per process.
-    from xstage.moe import pacing as P
+    from xstage.sched import pacing as P
 
     P._default_of_path.cache_clear()
     reads = []
@@ -85,8 +89,9 @@ def test_off_and_a_rate_read_no_profile_and_default_reads_it_once(monkeypatch):
     assert P.resolve_pacing("50:128", "host", 8).rate == 50e9
     assert reads == []
     first, again = P.resolve_pacing("default", "host", 8), P.resolve_pacing("default", "host", 4)
-    from xstage.comm.pacing import DEFAULT_RATE_FACTOR
+    from xstage.sched.constants import planner_constants
 
-    assert first == again and first.rate == pytest.approx(DEFAULT_RATE_FACTOR * real("host").params.drain)
+    factor = planner_constants().default_rate_factor
+    assert first == again and first.rate == pytest.approx(factor * real("host").params.drain)
     assert reads == ["host"]
     P._default_of_path.cache_clear()

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from tests.sched.test_plan import COSTS, SLOW_PATH
-from xstage.comm.pacing import StorePacing, spec_of
 from xstage.errors import InputError
-from xstage.sched.calibrate import fit_kind
+from xstage.sched.costs import fit_kind
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.validate import validate_moe
+from xstage.spec.pacing import StorePacing, spec_of
 
 
 def test_fit_kind_recovers_overhead_and_rate():
@@ -89,7 +89,7 @@ def test_fp8_rows_are_simulated_with_one_byte_operands_and_bf16_combine_rows():
 
 @pytest.mark.gpu
 def test_traced_tiles_are_positive_and_fit_inside_the_kernel():
-    from xstage.sched.calibrate import trace_tasks
+    from xstage.calibrate.tiles import trace_tasks
 
     mcfg, _, kinds, dur, gap_ns, busy = trace_tasks("H1152-I4608-E8-K2", 1024, reps=1)
     assert len(dur) == len(kinds) and (dur > 0).mean() > 0.99
@@ -103,14 +103,14 @@ def test_every_traced_run_waits_on_its_dependencies():
     """The counters are re-armed between traced runs, so each run waits as a real call does: `lag:1`,
     whose LINEAR2 tasks wait for the LINEAR1 tasks just before them, keeps fewer CTAs busy than
     `interleaved` (0.70 against 0.93 in `benchmarks/results/h200-moe-order/ep1.csv`)."""
-    from xstage.sched.calibrate import trace_tasks
+    from xstage.calibrate.tiles import trace_tasks
 
     busy = {s: trace_tasks("H4096-I2048-E256-K6", 4096, reps=2, schedule=s)[5] for s in ("lag:1", "interleaved")}
     assert busy["lag:1"] < busy["interleaved"] - 0.1, busy
 
 
 def test_task_gaps_are_per_cta_and_skip_tasks_that_did_not_run():
-    from xstage.sched.calibrate import task_gaps
+    from xstage.calibrate.tiles import task_gaps
 
     # (start, end, cta): CTA 0 runs [10, 20] and [23, 40]; CTA 1 runs [30, 35], [12, 25]; one row never ran.
     trace = np.array([[10, 20, 0], [30, 35, 1], [23, 40, 0], [12, 25, 1], [0, 0, 0]])

@@ -5,20 +5,21 @@ import math
 
 import pytest
 
-from xstage.attention.exchange import Exchange, resolve_auto
-from xstage.attention.layout import UlyssesPlan, split_sizes
+from xstage.attention.exchange import resolve_auto
 from xstage.errors import InputError
 from xstage.sched.exchange import (
     BLOCK_M,
     ExchangeCosts,
     check_predictable,
-    chooser,
+    default_exchange_costs,
     fit_exchange_costs,
     plan_exchange,
     predict,
     validate_exchange,
     wave_done,
 )
+from xstage.spec.exchange import Exchange, parse_exchange
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 # Test inputs, not measurements: ns, ns per unit of rounds x work, bytes per second.
 TRUE = ExchangeCosts(attention={("triton", 64): (20e3, 2e-4), ("cudnn", 64): (10e3, 1.5e-4)},
@@ -130,14 +131,13 @@ def test_predictions_follow_the_model():
     assert BLOCK_M == 128
 
 
-def test_auto_is_the_planner_pick_and_is_registered_by_import():
-    import xstage  # noqa: F401  (registers the planner)
-
+def test_auto_is_the_policy_pick_for_the_call_with_the_costs_given():
     plan = UlyssesPlan(4, 1, 1, split_sizes(8192, 4), 24, 128)
-    got = resolve_auto(plan, None, "host", None)
+    got = resolve_auto(plan, "bf16", "host")
     assert isinstance(got, Exchange) and got.mechanism in ("serial", "overlap", "stores")
-    mine = chooser(TRUE)(UlyssesPlan(2, 0, 1, split_sizes(4096, 2), 8, 64), None, "hbm", None)
-    assert mine == plan_exchange(8, 64, 4096, 2, TRUE)[0].exchange
+    assert got == parse_exchange(plan_exchange(24, 128, 8192, 4, default_exchange_costs())[0].exchange)
+    mine = resolve_auto(UlyssesPlan(2, 0, 1, split_sizes(4096, 2), 8, 64), "bf16", "hbm", costs=TRUE)
+    assert mine == parse_exchange(plan_exchange(8, 64, 4096, 2, TRUE)[0].exchange)
 
 
 def test_validation_scores_the_overhead_against_the_same_core():

@@ -8,13 +8,12 @@ import math
 import pytest
 
 from tests.sched.test_plan import COSTS, SLOW_PATH, SMALL
-from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model import load_default_profile
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
-from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
 from xstage.sched import KernelWork, Task, simulate_kernel
+from xstage.sched.constants import planner_constants
 from xstage.sched.costs import load_default_costs
 from xstage.sched.interference import (
     KEPT,
@@ -25,7 +24,12 @@ from xstage.sched.interference import (
     onset_from_bystanders,
     predict_slowdown,
 )
-from xstage.sched.moe import HBM_BYTES_PER_NS_PER_SM, MoeConfig, mem_share, moe_work, remote_path
+from xstage.sched.moe import MoeConfig, mem_share, moe_work, remote_path
+from xstage.spec.pacing import StorePacing
+from xstage.spec.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2
+
+# An SM's share of HBM bandwidth when all stream, from the constants' data file (drain / SMs, per ns).
+HBM_SHARE = planner_constants().hbm_drain / planner_constants().hbm_sms / 1e9
 
 MIB = 1 << 20
 WINDOW = 128 * 1024
@@ -381,7 +385,7 @@ def test_fit_interference_recovers_a_synthetic_per_storer():
 
 
 def test_mem_share_formula():
-    per_ns = HBM_BYTES_PER_NS_PER_SM
+    per_ns = HBM_SHARE
     assert mem_share(0.0, 1000.0) == 0.0
     assert mem_share(per_ns * 250.0, 1000.0) == pytest.approx(0.25, rel=1e-12)
     assert mem_share(per_ns * 1000.0, 1000.0) == pytest.approx(1.0, rel=1e-12)
@@ -410,7 +414,7 @@ def test_moe_work_mem_shares_are_in_0_1_and_follow_tile_bytes(shape, tokens, ep)
         loaded = {DISPATCH: min(cfg.block_m, rows_per_expert) * h * e,
                   LINEAR1: (cfg.block_m + 2 * cfg.block_n1) * h * e,
                   LINEAR2: (cfg.block_m + min(cfg.block_n2, h)) * i * e}[by_kind[t.kind]]
-        want = min(1.0, loaded / (HBM_BYTES_PER_NS_PER_SM * t.compute_ns))
+        want = min(1.0, loaded / (HBM_SHARE * t.compute_ns))
         assert t.mem_share == pytest.approx(want, abs=5e-4 + 1e-12), t.name
 
 

@@ -122,8 +122,8 @@ def test_the_task_graph_of_a_schedule_uses_its_tile_times():
 def test_calibration_traces_each_schedule_and_keeps_their_mean_tile_ratios(monkeypatch):
     import numpy as np
 
-    from xstage.moe.schedule import DISPATCH, LINEAR1, LINEAR2
-    from xstage.sched import calibrate
+    from xstage.calibrate import tiles as calibrate
+    from xstage.spec.schedule import DISPATCH, LINEAR1, LINEAR2
 
     kinds = np.array([DISPATCH, LINEAR1, LINEAR1, LINEAR2, LINEAR2, LINEAR2])
     base = np.array([10.0, 20.0, 40.0, 30.0, 30.0, 0.0])  # a task that did not run (0) is left out

@@ -5,12 +5,12 @@ import pytest
 from xstage.errors import InputError
 from xstage.model.interference import load_default_interference
 from xstage.model.params import PathParams
-from xstage.moe.schedule import LINEAR2
 from xstage.sched.costs import KindCost, TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work, synthetic_routing, task_work
 from xstage.sched.plan import plan_moe
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.timeline import plot_timeline
+from xstage.spec.schedule import LINEAR2
 
 # Test inputs, not measurements: round numbers of the order an H200 shows.
 COSTS = TaskCosts("moe", {"dispatch": KindCost(400.0, 20.0), "linear1": KindCost(300.0, 4000.0),
@@ -125,7 +125,8 @@ def test_timeline_plot(tmp_path):
 def test_model_guided_pick_is_the_planner_best():
     from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
     from xstage.sched.costs import load_default_costs
-    from xstage.sched.plan import moe_path_params, pick_for_moe_buffer
+    from xstage.sched.plan import moe_path_params
+    from xstage.sched.policy import pick_for_moe_buffer
 
     cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
     buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", dtype="fp16", config=cfg,
@@ -143,13 +144,13 @@ def test_the_buffer_planner_answers_where_its_routing_routes_no_row():
     from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
     from xstage.sched.costs import load_default_costs
     from xstage.sched.moe import routes_rows
-    from xstage.sched.plan import _buffer_config, pick_for_moe_buffer, pick_pacing_for_buffer
+    from xstage.sched.policy import buffer_config, pick_for_moe_buffer, pick_pacing_for_buffer
 
     cfg = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)
     buf = MoEBuffer(8, 8, 1, 64, 32, LoopbackGroup(2, path="host"), device="cpu", dtype="fp16", config=cfg)
-    assert not routes_rows(_buffer_config(buf, 1)) and routes_rows(_buffer_config(buf, 8))
+    assert not routes_rows(buffer_config(buf, 1)) and routes_rows(buffer_config(buf, 8))
     with pytest.raises(InputError, match="no rows routed to rank 0"):  # nothing to rank: `plan moe` says so
-        plan_moe(_buffer_config(buf, 1), SLOW_PATH, load_default_costs("moe"), 8)
+        plan_moe(buffer_config(buf, 1), SLOW_PATH, load_default_costs("moe"), 8)
     # A call must still run: no remote store to pace, and every order runs no task (the first is kept).
     assert pick_pacing_for_buffer(buf, 1, 8, None) == "off"
     assert pick_for_moe_buffer(buf, 1, 8, None) == "expert_wave"
@@ -158,9 +159,11 @@ def test_the_buffer_planner_answers_where_its_routing_routes_no_row():
 
 def test_auto_pacing_pick_is_the_fastest_schedule_and_pacing():
     from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer
-    from xstage.moe.pacing import PACING_CANDIDATES, resolve_pacing
     from xstage.sched.costs import load_default_costs
-    from xstage.sched.plan import moe_path_params, pick_pacing_for_buffer
+    from xstage.sched.pacing import resolve_pacing
+    from xstage.sched.plan import moe_path_params
+    from xstage.sched.policy import pick_pacing_for_buffer
+    from xstage.spec.pacing import PACING_CANDIDATES
 
     cfg = BlockConfig(block_m=64, block_n1=64, block_n2=128, block_k=32, block_d=32)
     buf = MoEBuffer(512, 8, 2, 1024, 512, LoopbackGroup(4, path="host"), device="cpu", dtype="fp16", config=cfg)
@@ -181,8 +184,8 @@ def test_auto_pacing_pick_is_the_fastest_schedule_and_pacing():
 
 
 def test_a_paced_kernel_waits_for_its_pacer_ahead_of_the_link():
-    from xstage.comm.pacing import StorePacing
     from xstage.sched.moe import remote_path, simulate_remote
+    from xstage.spec.pacing import StorePacing
 
     pacing = StorePacing(rate=1e9, budget=64 * 1024)  # far below SLOW_PATH's 8 GB/s drain: it bounds the kernel
     assert remote_path(SLOW_PATH, pacing) == remote_path(SLOW_PATH)  # the pacer is not part of the link
@@ -229,9 +232,9 @@ def test_remote_path_has_no_per_sm_window_and_costs_more_when_the_link_is_busy()
 
 
 def test_unpaced_drain_slows_only_unpaced_paths_and_never_speeds_one_up():
-    from xstage.comm.pacing import StorePacing
     from xstage.model.interference import Interference
     from xstage.sched.moe import remote_path
+    from xstage.spec.pacing import StorePacing
 
     assert remote_path(SLOW_PATH, None, 0.0) == remote_path(SLOW_PATH)  # 0: the path's own drain
     slower = remote_path(SLOW_PATH, None, SLOW_PATH.drain / 2)
@@ -289,9 +292,9 @@ def test_row_pool_slot_waits_are_dependencies_and_cost_time():
 
 
 def test_unpaced_bias_ranks_unpaced_candidates_slower_but_keeps_their_predicted_time():
-    from xstage.comm.pacing import StorePacing
     from xstage.model.interference import Interference
     from xstage.sched.plan import rank_ns
+    from xstage.spec.pacing import StorePacing
 
     paced = StorePacing(rate=4e9, budget=256 * 1024)
     term = Interference(0.0, 1e9, 1.0, unpaced_bias=1.5)

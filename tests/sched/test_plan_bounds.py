@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.sched.test_plan import COSTS, SLOW_PATH
-from xstage.attention.flash import SUPPORTED_HEAD_DIMS
 from xstage.errors import InputError
 from xstage.sched.exchange import MAX_HEADS, MAX_SEQ_TOKENS, default_exchange_costs, plan_exchange, predict
 from xstage.sched.moe import MoeConfig, synthetic_routing
 from xstage.sched.plan import MAX_PLAN_CTAS, plan_moe
+from xstage.spec.ulysses import SUPPORTED_HEAD_DIMS
 
 ROOT = Path(__file__).resolve().parents[2]
 CFG = MoeConfig.parse("H1024-I512-E8-K2", tokens_per_rank=64, ep=4, block_m=64, block_n1=64, block_n2=128)

@@ -76,7 +76,7 @@ def _ulysses_rows():
 
 
 def test_output_locations_are_checked_before_any_work(tmp_path, capsys, existing, monkeypatch):
-    import xstage.sched.commands as cmd
+    import xstage.cli.plan as cmd
 
     def no_work(*a, **k):
         raise AssertionError("work started before the output location was checked")

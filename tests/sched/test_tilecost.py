@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from tests.sched.test_plan_inputs import _fails
+from xstage.calibrate.tiles import tile_model_of
 from xstage.errors import InputError
-from xstage.moe.schedule import KIND_NAMES
-from xstage.sched.calibrate import tile_model_of
 from xstage.sched.costs import KindCost, TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work
 from xstage.sched.tilecost import TileModel, fit_tile_model, tile_work, units_per_expert
+from xstage.spec.schedule import KIND_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 TILES_CSV = ROOT / "benchmarks/results/h200-moe-tiles/moe-tiles.csv"

@@ -9,11 +9,15 @@
 - `attention_reference`, `ulysses_reference`: plain-torch ground truth.
 """
 
-from xstage.attention.exchange import Exchange, parse_exchange
-from xstage.attention.flash import FlashConfig, default_config, flash_attention
-from xstage.attention.ops import register_comm, ulysses_attention_op
-from xstage.attention.reference import attention_reference, ulysses_reference
-from xstage.attention.ulysses import UlyssesAttention, ulysses_attention
+from xstage.backend import select
+
+select()  # before this package's kernels are defined: Triton's interpreter where no GPU exists
+
+from xstage.attention.flash import FlashConfig, default_config, flash_attention  # noqa: E402
+from xstage.attention.ops import register_comm, ulysses_attention_op  # noqa: E402
+from xstage.attention.reference import attention_reference, ulysses_reference  # noqa: E402
+from xstage.attention.ulysses import UlyssesAttention, ulysses_attention  # noqa: E402
+from xstage.spec.exchange import Exchange, parse_exchange  # noqa: E402
 
 __all__ = [
     "Exchange", "FlashConfig", "UlyssesAttention", "attention_reference", "default_config", "flash_attention",

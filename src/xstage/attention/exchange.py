@@ -1,150 +1,38 @@
-"""How Ulysses attention moves its output to the ranks that own the rows: one type, one parser.
+"""Ulysses attention's exchange, resolved for a call: `auto` becomes the planner's pick.
 
-Spellings (API `exchange=`, `xstage bench ulysses --exchange`, `xstage plan ulysses --candidates`,
-`xstage plan validate --exchange`, the `variant` column of the CSVs):
-
-- `serial[:CORE]`: attention, then the group's all-to-all (the copy engine on a loopback group);
-- `overlap[:CORE[:BLOCKS[:CUT]]]`: attention over blocks of query rows; the copy engine sends each
-  finished block while the next one computes;
-- `stores[:burst | :paced[:R]]`: the Triton kernel stores each finished tile from its epilogue,
-  whole (`burst`) or in chunks of R rows during the next tile's key loop (`paced`, the default);
-- `tma`: the Triton kernel sends each tile with bulk (TMA) stores from shared memory;
-- `auto`: the planner's pick for the call's shape, group size, path and dtype (`serial` when some rank
-  owns no head, H < P, which the planner does not model).
-
-`CORE` is the attention kernel: `triton` (`xstage.attention.flash`, the default) or `cudnn` (torch's
-scaled_dot_product_attention with the cuDNN backend; on a machine without a GPU torch's own SDPA
-stands in, for correctness only). `BLOCKS` is how many blocks of rows `overlap` cuts the sequence
-into (0 or absent: chosen from the shape, see `overlap_blocks`). `CUT` is how the remote rows are
-cut into those blocks: `even` (the default) or `waves` (a small last remote block holding only the
-tiles that the own rows leave to the kernel's last, partial wave; see `overlap_blocks`).
-
-Example:
-    >>> str(parse_exchange("stores"))
-    'stores:paced'
-    >>> parse_exchange("overlap:cudnn:4").blocks
-    4
+The spellings, `Exchange` and `parse_exchange` are data every floor agrees on (`xstage.spec.exchange`,
+re-exported here). `resolve_auto` asks the planner's policy (`xstage.sched.policy.choose_exchange`)
+for the call's shape, group size, store path and dtype, and returns its choice; the policy caches it
+per shape and logs it (`xstage.decisions`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from xstage.dtypes import dtype_name
 from xstage.errors import InputError
-
-MECHANISMS = ("serial", "overlap", "stores", "tma", "auto")
-CORES = ("triton", "cudnn")
-CUTS = ("even", "waves")  # how `overlap` cuts the remote rows into blocks; the first is the default
-# mechanisms that wait on per-tile or per-block signals from their peers (the watchdog applies)
-SIGNALLED = ("overlap", "stores", "tma")
+from xstage.sched.exchange import ExchangeCosts
+from xstage.sched.policy import Decision, choose_exchange
+from xstage.spec.exchange import CORES, CUTS, MECHANISMS, SIGNALLED, Exchange, parse_exchange
+from xstage.spec.ulysses import UlyssesPlan
 
 
-@dataclass(frozen=True)
-class Exchange:
-    """A parsed exchange (see the module docstring); `str()` gives its canonical spelling."""
-
-    mechanism: str
-    core: str = "triton"
-    burst: bool = False
-    chunk_rows: int = 0
-    blocks: int = 0
-    cut: str = CUTS[0]
-
-    def __str__(self) -> str:
-        if self.mechanism in ("serial", "overlap"):
-            if self.cut != CUTS[0]:
-                return f"{self.mechanism}:{self.core}:{self.blocks}:{self.cut}"
-            text = f"{self.mechanism}:{self.core}" if self.core != "triton" or self.blocks else self.mechanism
-            return f"{self.mechanism}:{self.core}:{self.blocks}" if self.blocks else text
-        if self.mechanism == "stores":
-            if self.burst:
-                return "stores:burst"
-            return f"stores:paced:{self.chunk_rows}" if self.chunk_rows else "stores:paced"
-        return self.mechanism
-
-    @property
-    def in_kernel(self) -> bool:
-        """True when the Triton kernel itself sends the rows (SMs spend time on stores)."""
-        return self.mechanism in ("stores", "tma")
+def decide_exchange(plan: UlyssesPlan, dtype, path: str, costs: ExchangeCosts | None = None,
+                    calibration=None) -> Decision:
+    """The planner's `Decision` for this call's `auto` (see `xstage.sched.policy.choose_exchange`);
+    `costs` and `calibration` None: a calibration of the setting `XSTAGE_CALIBRATION`, else the
+    embedded one."""
+    return choose_exchange(plan.heads, plan.head_dim, plan.seq_total, plan.world, path=path,
+                           dtype=dtype if isinstance(dtype, str) else dtype_name(dtype), costs=costs,
+                           calibration=calibration)
 
 
-_FORMS = ("serial[:triton|cudnn], overlap[:triton|cudnn[:BLOCKS[:even|waves]]], stores[:burst|:paced[:R]], tma, "
-          "auto (R rows per chunk, a power of two; BLOCKS >= 2)")
-
-
-def parse_exchange(spec) -> Exchange:
-    """`spec` (a string or an `Exchange`) as an `Exchange`; anything else is an `InputError`."""
-    if isinstance(spec, Exchange):
-        return spec
-    if not isinstance(spec, str):
-        raise InputError(f"exchange {spec!r}: expected a string, one of {_FORMS}")
-    parts = spec.strip().split(":")
-    kind, rest = parts[0], parts[1:]
-
-    def bad() -> InputError:
-        return InputError(f"exchange {spec!r}: expected one of {_FORMS}")
-
-    if kind in ("serial", "overlap"):
-        if len(rest) > (3 if kind == "overlap" else 1):
-            raise bad()
-        core = rest[0] if rest else "triton"
-        if core not in CORES:
-            raise InputError(f"exchange {spec!r}: attention core {core!r} must be one of {', '.join(CORES)}")
-        blocks = 0
-        if len(rest) >= 2:
-            blocks = _int(rest[1])
-            if blocks is None or blocks < 2:
-                raise InputError(f"exchange {spec!r}: BLOCKS must be an integer >= 2, got {rest[1]!r}")
-        cut = rest[2] if len(rest) == 3 else CUTS[0]
-        if cut not in CUTS:
-            raise InputError(f"exchange {spec!r}: CUT {cut!r} must be one of {', '.join(CUTS)}")
-        return Exchange(kind, core=core, blocks=blocks, cut=cut)
-    if kind == "stores":
-        if not rest or rest == ["paced"]:
-            return Exchange("stores")
-        if rest == ["burst"]:
-            return Exchange("stores", burst=True)
-        if len(rest) == 2 and rest[0] == "paced":
-            rows = _int(rest[1])
-            if rows is None or rows < 1 or rows & (rows - 1):
-                raise InputError(f"exchange {spec!r}: R (rows per chunk) must be a power of two, got {rest[1]!r}")
-            return Exchange("stores", chunk_rows=rows)
-        raise bad()
-    if kind in ("tma", "auto") and not rest:
-        return Exchange(kind)
-    raise bad()
-
-
-def _int(text: str):
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
-_CHOOSER = None
-
-
-def register_chooser(fn) -> None:
-    """Set the function that resolves `auto`: `fn(plan, dtype, path, device) -> Exchange` (the
-    planner registers itself when `xstage.sched` is imported, which `import xstage` does)."""
-    global _CHOOSER
-    _CHOOSER = fn
-
-
-def resolve_auto(plan, dtype, path: str, device) -> Exchange:
-    """The planner's exchange for this call; never `auto` itself. With fewer heads than ranks some
-    ranks own no head, which the planner does not model (it predicts for ranks that each own one):
-    `serial` then."""
-    if plan.heads < plan.world:
-        return Exchange("serial")
-    if _CHOOSER is None:
-        raise InputError("exchange 'auto': no planner is registered; import xstage (or xstage.sched) first, "
-                         "or name a mechanism: " + _FORMS)
-    choice = parse_exchange(_CHOOSER(plan, dtype, path, device))
+def resolve_auto(plan: UlyssesPlan, dtype, path: str, device=None, costs: ExchangeCosts | None = None,
+                 calibration=None) -> Exchange:
+    """The planner's exchange for this call; never `auto` itself (`decide_exchange`)."""
+    choice = parse_exchange(decide_exchange(plan, dtype, path, costs, calibration).choice)
     if choice.mechanism == "auto":
         raise InputError("exchange 'auto': the planner answered 'auto'; it must name a mechanism")
     return choice
 
 
-__all__ = ["CORES", "CUTS", "Exchange", "MECHANISMS", "SIGNALLED", "parse_exchange", "register_chooser", "resolve_auto"]
+__all__ = ["CORES", "CUTS", "MECHANISMS", "SIGNALLED", "Exchange", "decide_exchange", "parse_exchange", "resolve_auto"]

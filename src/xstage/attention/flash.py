@@ -43,10 +43,10 @@ from xstage.bounds import check_instance
 from xstage.comm.device import use_ptx
 from xstage.env import interpreter_active
 from xstage.errors import InputError
+from xstage.spec.ulysses import SUPPORTED_HEAD_DIMS  # the head sizes the kernel compiles for
 
 LOG2E = 1.4426950408889634
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-SUPPORTED_HEAD_DIMS = (16, 32, 64, 128, 256)
 # Launch parameters Triton can compile: tiles are `tl.arange` extents (powers of two) that a GPU's shared
 # memory holds at these sizes and not far beyond; warps per program as CUDA allows (1024 threads).
 MAX_FLASH_BLOCK = 1024

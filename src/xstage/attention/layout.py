@@ -21,96 +21,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import torch
 
-from xstage.comm.stages import PEER_BITS
-from xstage.errors import InputError
-
-
-def split_sizes(n: int, parts: int) -> list[int]:
-    """`n` items over `parts` ranks, the first `n % parts` ranks taking one more."""
-    if parts < 1:
-        raise InputError(f"parts: must be >= 1, got {parts}")
-    if n < 0:
-        raise InputError(f"n: must be >= 0, got {n}")
-    return [n // parts + (1 if p < n % parts else 0) for p in range(parts)]
-
-
-def _offsets(sizes: Sequence[int]) -> list[int]:
-    out = [0]
-    for s in sizes:
-        out.append(out[-1] + int(s))
-    return out
-
-
-@dataclass(frozen=True)
-class UlyssesPlan:
-    """Token and head split of one Ulysses layer as seen from `rank`."""
-
-    world: int
-    rank: int
-    batch: int
-    seq_lens: tuple[int, ...]
-    heads: int
-    head_dim: int
-
-    def __init__(self, world, rank, batch, seq_lens, heads, head_dim):
-        seq_lens = tuple(int(s) for s in seq_lens)
-        if not 1 <= world < (1 << PEER_BITS):
-            raise InputError(f"world size: must be in 1..{(1 << PEER_BITS) - 1}, got {world}")
-        if not 0 <= rank < world:
-            raise InputError(f"rank: must be in 0..{world - 1}, got {rank}")
-        if len(seq_lens) != world or any(s < 0 for s in seq_lens) or sum(seq_lens) == 0:
-            raise InputError(f"seq_lens: expected {world} non-negative token counts with a positive sum, "
-                             f"got {list(seq_lens)}")
-        if heads < 1:
-            raise InputError(f"heads H={heads}: must be >= 1")
-        object.__setattr__(self, "world", int(world))
-        object.__setattr__(self, "rank", int(rank))
-        object.__setattr__(self, "batch", int(batch))
-        object.__setattr__(self, "seq_lens", seq_lens)
-        object.__setattr__(self, "heads", int(heads))
-        object.__setattr__(self, "head_dim", int(head_dim))
-
-    @property
-    def head0(self) -> list[int]:
-        return _offsets(split_sizes(self.heads, self.world))
-
-    @property
-    def tok0(self) -> list[int]:
-        return _offsets(self.seq_lens)
-
-    @property
-    def seq_total(self) -> int:
-        return sum(self.seq_lens)
-
-    def heads_of(self, p: int) -> int:
-        h = self.head0
-        return h[p + 1] - h[p]
-
-    @property
-    def uniform(self) -> bool:
-        return self.heads % self.world == 0 and len(set(self.seq_lens)) == 1
-
-    def qkv_send_splits(self) -> list[int]:
-        """Elements sent to each rank by the pre-attention all-to-all."""
-        n = self.seq_lens[self.rank] * 3 * self.batch * self.head_dim
-        return [n * self.heads_of(p) for p in range(self.world)]
-
-    def qkv_recv_splits(self) -> list[int]:
-        n = 3 * self.batch * self.heads_of(self.rank) * self.head_dim
-        return [n * s for s in self.seq_lens]
-
-    def out_send_splits(self) -> list[int]:
-        n = self.batch * self.heads_of(self.rank) * self.head_dim
-        return [n * s for s in self.seq_lens]
-
-    def out_recv_splits(self) -> list[int]:
-        n = self.seq_lens[self.rank] * self.batch * self.head_dim
-        return [n * self.heads_of(p) for p in range(self.world)]
+from xstage.spec.ulysses import UlyssesPlan, split_sizes  # noqa: F401  (re-exported: this module's names before xstage.spec)
 
 
 def pack_qkv(plan: UlyssesPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

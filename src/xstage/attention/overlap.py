@@ -37,69 +37,13 @@ import torch
 import triton
 import triton.language as tl
 
-from xstage.attention.exchange import CUTS, Exchange
 from xstage.attention.flash import FlashConfig, flash_attention
-from xstage.attention.layout import UlyssesPlan
 from xstage.comm.stamps import stamp
 from xstage.errors import InputError
+from xstage.spec.exchange import Exchange
+from xstage.spec.ulysses import UlyssesPlan, default_blocks, overlap_blocks  # noqa: F401  (re-exported: this module's names before xstage.spec)
 
 _STREAMS: dict = {}
-
-
-def overlap_blocks(plan: UlyssesPlan, blocks: int, block_m: int, *, cut: str = "even",
-                   slots: int = 0) -> list[list[tuple[int, int]]]:
-    """Row ranges of the gathered sequence, block by block, in the order `overlap` computes them.
-
-    The remote rows (those after this rank's, then those before, i.e. the sequence rotated to start
-    after this rank's rows) are cut into `blocks - 1` blocks, each a multiple of `block_m` rows where
-    it can be, so that no query tile is split; the last block holds this rank's own rows. A block may
-    wrap around the end of the sequence, and then has two ranges. `cut`:
-    - `even`: remote blocks of nearly equal size;
-    - `waves`: the kernel runs `slots` tiles (one head x `block_m` rows) at a time, so its last wave
-      is partial. When the own rows' tiles cannot fill that wave, some remote tiles run in it, and
-      the copy of their whole block waits for the kernel's end. `waves` puts just those tiles (the
-      "spill") in a small last remote block, whose copy is short, and cuts the rest evenly; with
-      no spill, a single wave or fewer than three blocks it is `even`."""
-    if blocks < 2:
-        raise InputError(f"blocks={blocks}: overlap needs at least 2 (the remote rows, then the own rows)")
-    if cut not in CUTS:
-        raise InputError(f"cut={cut!r}: must be one of {', '.join(CUTS)}")
-    if cut == "waves" and slots < 1:
-        raise InputError(f"slots={slots}: the `waves` cut needs the tiles that run at once (>= 1)")
-    S, r = plan.seq_total, plan.rank
-    a, b = plan.tok0[r], plan.tok0[r + 1]
-    remote = S - (b - a)
-    n_remote = blocks - 1
-    tiles = -(-remote // block_m)
-    n_remote = max(1, min(n_remote, tiles))
-    cuts = [min(remote, (tiles * i // n_remote) * block_m) for i in range(n_remote + 1)] if tiles else [0]
-    spill = _spill_row_tiles(plan.heads_of(r), tiles, -(-(b - a) // block_m), slots) if cut == "waves" else 0
-    if n_remote >= 2 and 0 < spill < tiles:
-        big = tiles - spill
-        cuts = [(big * i // (n_remote - 1)) * block_m for i in range(n_remote)] + [remote]
-    out: list[list[tuple[int, int]]] = []
-    for x0, x1 in zip(cuts, cuts[1:]):
-        lo, hi = b + x0, b + x1  # rotated: row b + x, past the end wrapping to the start
-        if hi <= lo:
-            continue
-        if hi <= S:
-            out.append([(lo, hi)])
-        elif lo >= S:
-            out.append([(lo - S, hi - S)])
-        else:
-            out.append([(lo, S), (0, hi - S)])
-    if b > a:
-        out.append([(a, b)])
-    return out
-
-
-def _spill_row_tiles(heads: int, remote_row_tiles: int, own_row_tiles: int, slots: int) -> int:
-    """Row tiles of remote rows that run in the kernel's last wave beside every own tile (0: none)."""
-    total = heads * (remote_row_tiles + own_row_tiles)
-    if total <= slots:
-        return 0  # one wave: every block runs in it
-    spill = (total % slots or slots) - heads * own_row_tiles
-    return -(-spill // heads) if spill > 0 else 0
 
 
 def concurrent_tiles(core: str, device: torch.device, config: FlashConfig | None) -> int:
@@ -110,12 +54,6 @@ def concurrent_tiles(core: str, device: torch.device, config: FlashConfig | None
     if core == "triton" and config is not None and config.ctas_per_sm > 0:
         return sms * config.ctas_per_sm
     return sms
-
-
-def default_blocks(plan: UlyssesPlan) -> int:
-    """Blocks of `overlap` when the spelling names none: the remote rows in one block, then the own
-    rows (the least compute split; the planner picks more where the last copy would show)."""
-    return 2
 
 
 def attend(core: str, q, k, v, out, *, softmax_scale=None, config: FlashConfig | None = None) -> None:

@@ -54,17 +54,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from xstage.attention.exchange import Exchange, parse_exchange, resolve_auto
+from xstage.attention.exchange import resolve_auto
 from xstage.attention.flash import FlashConfig, StoreRoute, default_config, flash_attention
 from xstage.attention.inputs import agree, check_call
-from xstage.attention.layout import (
-    UlyssesPlan,
-    empty_gathered_out,
-    pack_qkv,
-    split_sizes,
-    unpack_out,
-    unpack_qkv,
-)
+from xstage.attention.layout import empty_gathered_out, pack_qkv, unpack_out, unpack_qkv
 from xstage.attention.overlap import (
     attend,
     copy_region,
@@ -78,6 +71,9 @@ from xstage.comm import CommContext, create_context
 from xstage.comm.device import use_ptx
 from xstage.comm.ulysses_signals import expected_tiles, wait_counters
 from xstage.errors import InputError
+from xstage.sched.calibration import calibration_of
+from xstage.spec.exchange import Exchange, parse_exchange
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 # `mode=` before `exchange=` existed: what each old name runs now
 MODES = {"fused": "stores:paced", "serial": "serial"}
@@ -254,6 +250,7 @@ def ulysses_attention(
     config: FlashConfig | None = None,
     check: bool = True,
     mode: str | None = None,
+    calibration=None,
 ) -> torch.Tensor:
     """Ulysses attention: `[B, S_local, H, D]` q, k, v in, `[B, S_local, H, D]` out (non-causal).
 
@@ -261,7 +258,10 @@ def ulysses_attention(
     loopback context makes one device play one rank). `exchange`: how the output reaches the ranks
     that own its rows, one of the spellings of `xstage.attention.exchange` (`serial`, `overlap`,
     `stores`, `tma`, `auto`; None means `auto`, the planner's pick for this shape, group size, path
-    and dtype). `mode` ("fused" or "serial") is deprecated: it maps to `stores:paced` and `serial`.
+    and dtype: `xstage.sched.policy.choose_exchange`). `calibration`: a user's calibration folder (or
+    `xstage.sched.calibration.Calibration`) that `auto` decides with instead of the embedded one (default:
+    the setting `XSTAGE_CALIBRATION`, else the embedded calibration). `mode` ("fused" or "serial") is
+    deprecated: it maps to `stores:paced` and `serial`.
     `softmax_scale`: a finite positive number (None: `1/sqrt(D)`). `seq_lens`: every rank's token
     count (default: gathered from the group; on a loopback context or during CUDA graph capture all
     equal to this rank's). A rank may hold no token, or own no head (H < P), and still takes its part.
@@ -282,11 +282,11 @@ def ulysses_attention(
     except InputError as e:
         ex, refusal, check = None, e, True  # the ranks still agree on the refusal
     return _ulysses(q, k, v, group, ex, refusal, softmax_scale=softmax_scale, comm=comm, seq_lens=seq_lens,
-                    config=config, check=check)
+                    config=config, check=check, calibration=calibration)
 
 
 def _ulysses(q, k, v, group, ex: Exchange | None, refusal: InputError | None, *, softmax_scale, comm, seq_lens,
-             config, check):
+             config, check, calibration=None):
     """`ulysses_attention` with the exchange parsed, or the caller's refusal of its own arguments."""
     world, rank, ctx, group = _resolve(group, comm)
     on_group = ctx is None or not ctx.loopback
@@ -296,6 +296,7 @@ def _ulysses(q, k, v, group, ex: Exchange | None, refusal: InputError | None, *,
             scale, lens = check_call(q, k, v, softmax_scale=softmax_scale, seq_lens=seq_lens, config=config,
                                      world=world, rank=rank)
             check_runnable(ex, q.device)
+            calibration = calibration_of(calibration)  # a bad folder is a refusal the group hears of
         except InputError as e:
             refusal = e
     if not on_group:
@@ -318,7 +319,7 @@ def _ulysses(q, k, v, group, ex: Exchange | None, refusal: InputError | None, *,
         return out
     path = ctx.path if ctx is not None else "peer"
     if ex.mechanism == "auto":
-        ex = resolve_auto(plan, q.dtype, path, q.device)
+        ex = resolve_auto(plan, q.dtype, path, q.device, calibration=calibration)
     check_runnable(ex, q.device)
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     kf = vf = None
@@ -433,8 +434,10 @@ class UlyssesAttention(torch.nn.Module):
     """
 
     def __init__(self, sequence_process_group=None, *, exchange: str | Exchange | None = None, comm=None,
-                 config: FlashConfig | None = None, mode: str | None = None):
+                 config: FlashConfig | None = None, mode: str | None = None, calibration=None):
         super().__init__()
+        # a bad folder is refused here, before any call; None: the setting XSTAGE_CALIBRATION at each call
+        self.calibration = calibration_of(calibration) if calibration is not None else None
         self.exchange = exchange_from_mode("auto" if exchange is None and mode is None else exchange, mode)
         self.group = sequence_process_group
         self.comm = comm
@@ -449,7 +452,8 @@ class UlyssesAttention(torch.nn.Module):
             refusal = InputError("causal=True: only non-causal attention is supported (DiT)")
         # a refusal here reaches the group like one of ulysses_attention's own
         return _ulysses(query, key, value, self.group, self.exchange, refusal, softmax_scale=softmax_scale,
-                        comm=self.comm, seq_lens=seq_lens, config=self.config, check=True)
+                        comm=self.comm, seq_lens=seq_lens, config=self.config, check=True,
+                        calibration=self.calibration)
 
 
 __all__ = ["MODES", "FusedState", "UlyssesAttention", "check_runnable", "exchange_from_mode", "fused_state",

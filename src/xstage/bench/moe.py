@@ -48,7 +48,6 @@ import torch
 from xstage.bench.calls import CALL_COLUMNS, CALLS, ROUTINGS, CallMeasure, measure_call
 from xstage.bench.commands import add_grid_options
 from xstage.bench.moe_summary import read_moe_csv, summarize
-from xstage.comm.pacing import spec_of
 from xstage.dtypes import DTYPES as DTYPE_MAP
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import has_gpu
@@ -56,11 +55,13 @@ from xstage.errors import InputError
 from xstage.moe.baseline import ChainFP8, Unfused
 from xstage.moe.buffer import LoopbackGroup, MoEBuffer
 from xstage.moe.fused import fused_moe, launch_main, launch_reduce, plan
-from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block, routing
-from xstage.moe.schedule import CANDIDATES
-from xstage.moe.variant import Variant, parse_variants
+from xstage.moe.problem import Problem, routing
 from xstage.results import ResultWriter, Timing, emit, events, select, synchronize, time_device, timing_summary
 from xstage.results.output import Outputs, add_force_option
+from xstage.spec.moe import SHAPES, MoeShape, parse_block
+from xstage.spec.pacing import spec_of
+from xstage.spec.schedule import CANDIDATES
+from xstage.spec.variant import Variant, parse_variants
 
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 DECODE_TOKENS = (1, 8, 64, 256)  # tokens per rank of a decode step

@@ -44,13 +44,14 @@ from xstage.bench.moe import call_routings, time_main_and_reduce, tolerance
 from xstage.dtypes import dtype_name
 from xstage.env import has_gpu
 from xstage.errors import InputError, XstageError
-from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
+from xstage.moe.buffer import LoopbackGroup, MoEBuffer
 from xstage.moe.fused import fused_moe, plan
 from xstage.moe.layout import transform_weights
-from xstage.moe.problem import MoeShape, routing
+from xstage.moe.problem import routing
 from xstage.results import ResultWriter, emit, select, synchronize
 from xstage.results.io import cell_count, cell_text, cell_time, read_table
 from xstage.results.output import Outputs, add_force_option, write_text
+from xstage.spec.moe import BlockConfig, MoeShape
 
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 

@@ -57,10 +57,11 @@ from xstage.errors import InputError, XstageError
 from xstage.moe import BlockConfig, MoEBuffer, transform_weights
 from xstage.moe.baseline import _grouped_mm
 from xstage.moe.fused import fused_moe, launch_main, launch_reduce, plan
-from xstage.moe.problem import SHAPES, MoeShape, parse_block, routing
-from xstage.moe.schedule import CANDIDATES
-from xstage.moe.variant import Variant, parse_variants
+from xstage.moe.problem import routing
 from xstage.results import ResultWriter, emit, events, read_rows, select, synchronize
+from xstage.spec.moe import SHAPES, MoeShape, parse_block
+from xstage.spec.schedule import CANDIDATES
+from xstage.spec.variant import Variant, parse_variants
 
 SCHEDULES = (*CANDIDATES, "model_guided")
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from xstage.bench.call_summary import call_sections, check_call_cells
 from xstage.bench.moe_fp8_summary import fp8_sections
-from xstage.moe.problem import SHAPES
 from xstage.results import geomean
 from xstage.results.io import cell_number, read_table
 from xstage.results.output import write_text
 from xstage.results.plots import plot_lines
 from xstage.sched.measured import MOE_COLUMNS, check_moe_rows
+from xstage.spec.moe import SHAPES
 
 __all__ = ["SUMMARY_INTRO", "SUMMARY_TITLE", "geomean", "summarize"]
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from xstage.attention.exchange import parse_exchange, register_chooser, resolve_auto
+from xstage.attention.exchange import resolve_auto
 from xstage.attention.flash import MAX_FLASH_BLOCK, FlashConfig, default_config, flash_attention
-from xstage.attention.layout import UlyssesPlan, empty_gathered_out, split_sizes, unpack_qkv
+from xstage.attention.layout import empty_gathered_out, unpack_qkv
 from xstage.attention.overlap import run_overlap, run_serial_copies
 from xstage.attention.ulysses import (
     check_runnable,
@@ -55,8 +55,10 @@ from xstage.results.io import ResultWriter
 from xstage.results.output import Outputs, add_force_option, emit, path_arg
 from xstage.results.select import select
 from xstage.results.timing import time_device, time_in_turns
-from xstage.sched.exchange import check_call_shape, chooser, fit_exchange_costs
+from xstage.sched.exchange import check_call_shape, fit_exchange_costs
 from xstage.sched.measured import load_results
+from xstage.spec.exchange import parse_exchange
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 GRID_SHAPES = ((24, 128), (40, 128), (30, 64))
 GRID_TOKENS = (4608, 8192, 16384, 32760, 75600, 118800)
@@ -133,10 +135,11 @@ def check_variants(variants) -> list[str]:
 
 
 def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, flash_cfg=None,
-                   variants=VARIANTS, graphs: bool = True, turns: int = 2) -> list[dict]:
+                   variants=VARIANTS, graphs: bool = True, turns: int = 2, costs=None) -> list[dict]:
     """Rows for every variant of one configuration (rank `rank` of a loopback group of P); `graphs`:
     time CUDA-graph replays (a variant that cannot be captured is timed eagerly, `timed` says so);
-    `turns`: the variants take turns in this many blocks of replays (`time_in_turns`)."""
+    `turns`: the variants take turns in this many blocks of replays (`time_in_turns`); `costs`: the
+    `ExchangeCosts` that `auto` is decided with (None: the embedded calibration)."""
     H, D, T, P = cfg["heads"], cfg["dim"], cfg["tokens"], cfg["P"]
     dev = torch.device("cuda", torch.cuda.current_device())
     dtype = torch.bfloat16
@@ -174,7 +177,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
             return lambda: flash_attention(qg, kg, vg, out=og, config=fc)
         ex = parse_exchange(name)
         if ex.mechanism == "auto":
-            ex = resolve_auto(plan, dtype, path, dev)
+            ex = resolve_auto(plan, dtype, path, dev, costs=costs)
         if ex.in_kernel:
             return lambda: run_fused(state, ctx, qg, kg, vg, config=fc, exchange=ex)
         og = empty_gathered_out(plan, dtype, dev)
@@ -192,7 +195,7 @@ def measure_config(cfg: dict, *, path: str, rank: int, warmup: int, rep: int, fl
 
     fns, errs, resolved, timed = {}, {}, {}, {}
     for name in variants:
-        resolved[name] = str(resolve_auto(plan, dtype, path, dev)) if name == "auto" else name
+        resolved[name] = str(resolve_auto(plan, dtype, path, dev, costs=costs)) if name == "auto" else name
         fn = runner(name)
         try:
             for t in (*state.out.peers, *stage.peers):
@@ -257,10 +260,11 @@ def tuned_configs(*core_csvs) -> dict:
 
 
 def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_seconds=None, flash_cfg=None,
-             variants=VARIANTS, grid="main", graphs=True, turns=2) -> Path:
+             variants=VARIANTS, grid="main", graphs=True, turns=2, costs=None) -> Path:
     """Measure every selected configuration not yet in `out_dir/ulysses.csv`; stop early after
     `max_seconds` (the file is resumable). `flash_cfg`: one FlashConfig, or a dict by head dim;
-    `grid`: "main" (the 54 configurations) or "calibration" (the planner's calibration shapes)."""
+    `grid`: "main" (the 54 configurations) or "calibration" (the planner's calibration shapes); `costs`: the
+    `ExchangeCosts` that `auto` rows are decided with (None: the embedded calibration)."""
     if not torch.cuda.is_available():
         raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
     variants = check_variants(variants)
@@ -275,7 +279,7 @@ def run_grid(out_dir, *, only=None, path="host", rank=0, warmup=2, rep=10, max_s
             break
         fc = flash_cfg.get(cfg["dim"]) if isinstance(flash_cfg, dict) else flash_cfg
         rows = measure_config(cfg, path=path, rank=rank, warmup=warmup, rep=rep, flash_cfg=fc, variants=variants,
-                              graphs=graphs, turns=turns)
+                              graphs=graphs, turns=turns, costs=costs)
         for row in rows:
             if not writer.done(row):
                 writer.write(row)
@@ -465,11 +469,9 @@ def _handler(args) -> int:
         if args.core and measuring:
             run_core(out, shapes=shapes, warmup=args.warmup, rep=args.rep)
         elif measuring:
-            if costs is not None:  # `auto` rows follow it instead of the embedded calibration
-                register_chooser(chooser(costs))
             run_grid(out, only=args.only, path=args.path, warmup=args.warmup, rep=args.rep,
                      max_seconds=args.budget_s, flash_cfg=fc, variants=args.exchange, grid=args.grid_set,
-                     graphs=not args.eager, turns=args.turns)
+                     graphs=not args.eager, turns=args.turns, costs=costs)  # `auto` rows follow the costs given
         summary = write_report(out, read)
     emit({"summary": str(summary)}, args.json, summary.read_text())
     return 0

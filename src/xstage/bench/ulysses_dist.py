@@ -50,9 +50,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from xstage.attention import ulysses_attention
-from xstage.attention.exchange import parse_exchange
 from xstage.attention.flash import default_config, flash_attention
-from xstage.attention.layout import UlyssesPlan, empty_gathered_out, pack_qkv, split_sizes, unpack_out, unpack_qkv
+from xstage.attention.layout import empty_gathered_out, pack_qkv, unpack_out, unpack_qkv
 from xstage.attention.reference import ulysses_reference
 from xstage.attention.ulysses import fused_state, run_fused, wait_fused
 from xstage.bench.runtime import Runtime, add_dist_options, check_repeats
@@ -61,6 +60,8 @@ from xstage.comm import create_context
 from xstage.dtypes import dtype_name
 from xstage.errors import InputError
 from xstage.results import ResultWriter, Timing, emit, events, markdown_table, read_rows, select, synchronize
+from xstage.spec.exchange import parse_exchange
+from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
 PATH = "peer"
 CSV_NAME = "ulysses_peer.csv"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from xstage.attention.exchange import parse_exchange
 from xstage.attention.flash import FlashConfig
 from xstage.errors import InputError
 from xstage.results.io import cell_count, cell_number, cell_text, cell_time, read_table
@@ -22,6 +21,7 @@ from xstage.results.plots import plot_lines
 from xstage.results.stats import geomean
 from xstage.results.tables import markdown_table
 from xstage.sched.measured import ULYSSES_COLUMNS, check_ulysses_rows
+from xstage.spec.exchange import parse_exchange
 
 CORES = ("attention:triton", "attention:cudnn")
 SERIALS = (str(parse_exchange("serial:triton")), "serial:cudnn")

@@ -35,23 +35,14 @@ Example (loopback on one device, the interpreter included):
         ctx.check()
 """
 
-from xstage.comm.context import (
-    DEFAULT_SIGNAL_SLOTS,
-    DEFAULT_TIMEOUT_NS,
-    PATHS,
-    CommContext,
-    SymmBuffer,
-    create_context,
-)
-from xstage.comm.stages import (
-    STAGE_GENERIC,
-    STAGE_PROBE_FLAG,
-    STAGE_PROBE_TEST,
-    decode_error,
-    error_code,
-    register_stage,
-    stage_name,
-)
+from xstage.backend import select
+
+select()  # before this package's kernels are defined: Triton's interpreter where no GPU exists
+
+from xstage.comm.context import DEFAULT_SIGNAL_SLOTS, DEFAULT_TIMEOUT_NS, CommContext, SymmBuffer, create_context  # noqa: E402
+from xstage.comm.stages import decode_error, error_code, register_stage, stage_name  # noqa: E402
+from xstage.spec.paths import PATHS  # noqa: E402
+from xstage.spec.stages import STAGE_GENERIC, STAGE_PROBE_FLAG, STAGE_PROBE_TEST  # noqa: E402
 
 __all__ = [
     "PATHS", "DEFAULT_SIGNAL_SLOTS", "DEFAULT_TIMEOUT_NS", "CommContext", "SymmBuffer", "create_context",

@@ -24,10 +24,6 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import peer_ptr, wait_acquire
-from xstage.comm.stages import register_stage
-
-STAGE_BARRIER = register_stage(4, "comm.barrier")
-STAGE_REFUSED = register_stage(5, "comm.peer_refused_its_inputs")
 
 
 @triton.jit

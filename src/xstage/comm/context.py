@@ -39,10 +39,11 @@ import torch.distributed as dist
 
 from xstage.backend import resolve_device
 from xstage.bounds import INT64_MAX, MAX_RANKS, check_int
-from xstage.comm.barrier import STAGE_BARRIER, STAGE_REFUSED, barrier_kernel, refuse_kernel
+from xstage.comm.barrier import barrier_kernel, refuse_kernel
 from xstage.comm.device import use_ptx, wait_bounds
 from xstage.comm.stages import decode_error, stage_name
 from xstage.errors import CommTimeoutError, InputError
+from xstage.spec.stages import STAGE_BARRIER, STAGE_REFUSED
 
 PATHS = ("hbm", "host", "peer")
 DEFAULT_SIGNAL_SLOTS = 4096

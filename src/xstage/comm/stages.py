@@ -14,29 +14,21 @@ Stage id ranges (so that kernels written in different modules never collide):
 | 32-47   | MoE                                     |
 | 48-127  | free; register before use               |
 
-Modules name their ids with `register_stage(code, name)` at import time, so that errors print a
-readable stage name.
+The ids of xstage's own kernels, and their names, are one table (`xstage.spec.stages`); a user's own
+kernel names its id (48-127) with `register_stage(code, name)`, so that errors print a readable name.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xstage.bounds import check_int
+from xstage.bounds import PEER_BITS, check_int
 from xstage.errors import InputError
+from xstage.spec.stages import STAGE_GENERIC, STAGE_NAMES, STAGE_PROBE_FLAG, STAGE_PROBE_TEST  # noqa: F401
 
-PEER_BITS = 16
 MAX_STAGE = 32767
 
-STAGE_GENERIC = 1
-STAGE_PROBE_FLAG = 2
-STAGE_PROBE_TEST = 3
-
-_STAGES: dict[int, str] = {
-    STAGE_GENERIC: "comm.wait",
-    STAGE_PROBE_FLAG: "probe.peer_flag",
-    STAGE_PROBE_TEST: "comm.test_wait",
-}
+_STAGES: dict[int, str] = dict(STAGE_NAMES)  # xstage's own ids, then those a user registers
 
 
 def register_stage(code: int, name: str) -> int:

@@ -20,9 +20,7 @@ import triton
 import triton.language as tl
 
 from xstage.comm.device import peer_ptr, wait_acquire, wait_bounds
-from xstage.comm.stages import register_stage
-
-STAGE_ULYSSES_OUTPUT = register_stage(16, "attention.ulysses_output")
+from xstage.spec.stages import STAGE_ULYSSES_OUTPUT
 
 
 def tiles_touching(row_start: int, row_end: int, block_m: int) -> int:

@@ -4,7 +4,7 @@ Problem: a scheduler or a report needs a path's parameters together with how far
 (intervals, identifiability, held-out error, cross-checks) and where they came from (GPU, driver,
 software, data file). A `Profile` carries all of it; `load_default_profile("host")` returns the
 embedded H200 host-link profile of xstage's own probe, `load_reference_profile()` the one fitted to
-the reference data (the command that regenerates it is in `xstage.model.commands`).
+the reference data (the command that regenerates it is in `xstage.cli.model`).
 
 `Profile.load` / `Profile.from_dict` are the one validated loader of profiles: every field is
 checked, and a malformed one raises `InputError` naming the file and the field.

@@ -5,17 +5,21 @@ and `reference_moe_dist` (plain torch ground truth), `make_schedule` (expert_wav
 lag:k) and `register_schedule`, `Variant` (schedule plus store pacing), `resolve_pacing`,
 `MoEDecision` (what `model_guided` and `pacing="auto"` run per token bucket: `MoEBuffer.decisions()`,
 `force_decision`), `fused_moe` (the fused layer), `MoeShape` / `Problem` (problem definitions),
-`torch.ops.xstage.moe_fused` (custom op, after importing `xstage.moe.op`). The `model_guided`
-schedule is registered by `xstage.sched`, which `import xstage` loads.
+`torch.ops.xstage.moe_fused` (custom op, after importing `xstage.moe.op`). `model_guided` and
+`pacing="auto"` are the planner's decisions, asked of `xstage.sched.policy` per token bucket.
 
 FP8 (in progress; the fused kernel is BF16 only): `quantize_activations`, `quantize_weights` and
 their inverses, `check_fp8_activations`, `check_fp8_weights` and `reference_moe_fp8`, the
 FP8-emulating reference (`xstage.moe.fp8`).
 """
 
-from xstage.moe.buffer import BlockConfig, LoopbackGroup, MoEBuffer
-from xstage.moe.decision import MoEDecision
-from xstage.moe.fp8 import (
+from xstage.backend import select
+
+select()  # before this package's kernels are defined: Triton's interpreter where no GPU exists
+
+from xstage.moe.buffer import LoopbackGroup, MoEBuffer  # noqa: E402
+from xstage.moe.decision import MoEDecision  # noqa: E402
+from xstage.moe.fp8 import (  # noqa: E402
     check_fp8_activations,
     check_fp8_weights,
     dequantize_activations,
@@ -24,13 +28,19 @@ from xstage.moe.fp8 import (
     quantize_weights,
     reference_moe_fp8,
 )
-from xstage.moe.fused import fused_moe
-from xstage.moe.layout import routing_layout, transform_weights, untransform_l1
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.problem import SHAPES, MoeShape, Problem, parse_block
-from xstage.moe.reference import loopback_inputs, reference_moe_dist, reference_moe_virtual
-from xstage.moe.schedule import CANDIDATES, Schedule, make_schedule, register_schedule, schedule_names
-from xstage.moe.variant import Variant, parse_variants
+from xstage.moe.fused import fused_moe  # noqa: E402
+from xstage.moe.layout import routing_layout, transform_weights, untransform_l1  # noqa: E402
+from xstage.moe.problem import Problem  # noqa: E402
+from xstage.moe.reference import loopback_inputs, reference_moe_dist, reference_moe_virtual  # noqa: E402
+from xstage.sched.pacing import resolve_pacing  # noqa: E402
+from xstage.spec.moe import (  # noqa: E402
+    SHAPES,
+    BlockConfig,  # noqa: E402
+    MoeShape,
+    parse_block,
+)
+from xstage.spec.schedule import CANDIDATES, Schedule, make_schedule, register_schedule, schedule_names  # noqa: E402
+from xstage.spec.variant import Variant, parse_variants  # noqa: E402
 
 __all__ = [
     "CANDIDATES", "SHAPES", "BlockConfig", "LoopbackGroup", "MoEBuffer", "MoEDecision", "MoeShape", "Problem",

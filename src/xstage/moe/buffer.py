@@ -53,6 +53,11 @@ fixed default of the store path (paced on `host`, where that was measured to pay
 stores unpaced; `"RATE:BUDGET"` or a `StorePacing` sets rate and budget. Fixed pacings are resolved
 once at construction. A call overrides it with `fused_moe(..., pacing=...)`.
 
+Calibration (`calibration=`, `xstage.sched.calibration`): a folder of a user's own measurements (a
+store path's profile, the kernel's tile costs) that `model_guided` and `pacing="auto"` decide with
+instead of the embedded H200 calibration; by default the folder of the setting `XSTAGE_CALIBRATION`,
+else the embedded one. Each decision names what it used (`MoEBuffer.decisions()`).
+
 Example:
     >>> from xstage.moe.buffer import BlockConfig, MoEBuffer, LoopbackGroup
     >>> buf = MoEBuffer(num_max_tokens_per_rank=64, num_experts=8, topk=2, hidden=64, intermediate=64,
@@ -74,98 +79,38 @@ import torch.distributed as dist
 from xstage.backend import refuse_interpreter_bf16, resolve_device
 from xstage.bounds import INT32_MAX, INT64_MAX, MAX_RANKS, check_int, check_real
 from xstage.comm import DEFAULT_TIMEOUT_NS, create_context
-from xstage.comm.barrier import STAGE_REFUSED
 from xstage.comm.context import check_timeout_ns, refusal_error, timeout_error
-from xstage.comm.pacing import StorePacing
-from xstage.comm.stages import decode_error, register_stage
+from xstage.comm.stages import decode_error
 from xstage.dtypes import DTYPES, FP8_DTYPES, parse_dtype
 from xstage.errors import InputError, XstageError
 from xstage.moe.decision import MoEDecision, cached, force, token_bucket
 from xstage.moe.fp8 import BLOCK as FP8_BLOCK  # the DeepSeek-V3 scale block
-from xstage.moe.pacing import AUTO, resolve_pacing
-from xstage.moe.variant import Variant
-
-STAGE_L1_WAIT, STAGE_L2_WAIT, STAGE_COMBINE_DONE, STAGE_BUFFER_FREE, STAGE_STORE_PACING = 32, 33, 34, 35, 36
-STAGE_POOL_SLOT = 37
-STAGE_PLAN_BARRIER = 38  # the device plan's grid barrier (xstage.moe.device_plan)
-STAGE_NAMES = {
-    STAGE_POOL_SLOT: "moe.dispatch_waits_pool_slot",
-    STAGE_L1_WAIT: "moe.linear1_waits_dispatch",
-    STAGE_L2_WAIT: "moe.linear2_waits_linear1",
-    STAGE_COMBINE_DONE: "moe.reduce_waits_combine",
-    STAGE_BUFFER_FREE: "moe.combine_buffer_free",
-    STAGE_STORE_PACING: "moe.combine_store_pacing",
-    STAGE_PLAN_BARRIER: "moe.plan_waits_programs",
-}
-for _code, _name in STAGE_NAMES.items():
-    register_stage(_code, _name)
+from xstage.sched.calibration import calibration_of
+from xstage.sched.pacing import resolve_pacing
+from xstage.spec.moe import (  # the names of this module before xstage.spec, re-exported
+    FP8_BLOCK_CONFIG,
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_TOKENS_PER_RANK,
+    BlockConfig,
+    max_units,
+    pool_units,
+)
+from xstage.spec.pacing import AUTO, StorePacing
+from xstage.spec.stages import (  # noqa: F401  (the MoE waits' ids, named in xstage.spec.stages)
+    STAGE_BUFFER_FREE,
+    STAGE_COMBINE_DONE,
+    STAGE_L1_WAIT,
+    STAGE_L2_WAIT,
+    STAGE_PLAN_BARRIER,
+    STAGE_POOL_SLOT,
+    STAGE_REFUSED,
+    STAGE_STORE_PACING,
+)
+from xstage.spec.variant import Variant
 
 MAX_BUFFER_BYTES = 96 << 30
-# The row pool (receive rows and activations): 256 MiB holds 102 units of 128 rows at H7168/I3072 in
-# bf16; a pool never holds fewer than MIN_POOL_UNITS units (every built-in schedule up to lag:30 runs
-# in it) nor more units than any routing can fill.
-DEFAULT_POOL_BYTES = 256 << 20
-MIN_POOL_UNITS = 32
 SHARED_BYTES = 232448  # shared memory one CTA may use on Hopper (227 KiB)
-
-
-MIN_GEMM_BLOCK = 16  # the smallest tile extent `tl.dot` takes
-# The largest tile extent: a Triton block holds at most 2^20 elements, which a [1024, 1024] tile is.
-MAX_BLOCK = 1024
-MAX_STAGES = 16  # pipeline stages; the shared-memory check below bounds what fits far sooner
-MAX_CTAS_PER_SM = 32  # resident CTAs an SM can hold (Hopper)
-# Layer sizes, in elements: hidden and intermediate of the widest models are below 2^15 and their
-# expert counts in the hundreds; top-k is at most the experts.
-MAX_HIDDEN = 1 << 16
-MAX_EXPERTS = 1 << 12
-# Tokens per rank in one call: 1M, beyond any batch a layer is called with (x alone is 8 GiB at hidden
-# 4096); the int32 row metadata bounds ranks x tokens x top-k separately.
-MAX_TOKENS_PER_RANK = 1 << 20
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def check_block_size(v, name: str, minimum: int = MIN_GEMM_BLOCK, maximum: int = MAX_BLOCK,
-                     what: str = "block size") -> int:
-    """`v` if it is a power-of-two integer in [`minimum`, `maximum`]; else `InputError` naming `name`."""
-    if not _is_int(v) or v < minimum or v & (v - 1) or v > maximum:
-        raise InputError(f"{name}={v!r}: {what} must be a power of two in {minimum}..{maximum}")
-    return v
-
-
-@dataclass(frozen=True)
-class BlockConfig:
-    """Tile sizes and launch options of the fused kernel (one unit = `block_m` rows of one expert)."""
-
-    block_m: int = 128
-    block_n1: int = 128
-    block_n2: int = 256
-    block_k: int = 64
-    block_d: int = 128
-    num_warps: int = 8
-    num_stages: int = 4
-    ctas_per_sm: int = 0
-    tma: bool = True  # GEMM operands through TMA descriptors (else pointer loads)
-    dynamic: bool = True  # CTAs take the next task of the global order when free (else round-robin)
-
-    def __post_init__(self):
-        # Refused here, not inside Triton: GEMM tiles are `tl.arange` / `tl.dot` extents (powers of two,
-        # at least 16), the dispatch chunk is a `tl.arange` extent, warps are a power of two.
-        for name in ("block_m", "block_n1", "block_n2", "block_k"):
-            check_block_size(getattr(self, name), f"BlockConfig {name}", minimum=MIN_GEMM_BLOCK)
-        check_block_size(self.block_d, "BlockConfig block_d", minimum=1)
-        check_block_size(self.num_warps, "BlockConfig num_warps", minimum=1, maximum=32, what="warps per CTA")
-        for name, low, high, what in (("num_stages", 1, MAX_STAGES, "pipeline stages"),
-                                      ("ctas_per_sm", 0, MAX_CTAS_PER_SM, "CTAs per SM, 0: one")):
-            v = getattr(self, name)
-            if not _is_int(v):  # the config is hashed and compiled on: no float stands in for an int here
-                raise InputError(f"BlockConfig {name}={v!r}: must be an integer in {low}..{high} ({what})")
-            check_int(v, f"BlockConfig {name}", low, high, what)
-        for name in ("tma", "dynamic"):
-            if not isinstance(getattr(self, name), bool):
-                raise InputError(f"BlockConfig {name}={getattr(self, name)!r}: must be True or False")
 
 
 @dataclass
@@ -186,41 +131,20 @@ class LoopbackGroup:
                                   for q in self.silent_ranks)
 
 
-# The FP8 default: one scale block per K step and per Linear-1 tile, pointer loads (no FP8 TMA path yet).
-FP8_BLOCK_CONFIG = BlockConfig(block_n1=FP8_BLOCK, block_n2=FP8_BLOCK, block_k=FP8_BLOCK, tma=False)
-
-
-def max_units(num_ranks: int, tokens_per_rank: int, topk: int, num_local_experts: int, block_m: int) -> int:
-    """Units any legal routing can make on one rank: every (token, slot) pair of the group on its
-    experts, each expert padding its last unit."""
-    return -(-(num_ranks * tokens_per_rank * topk) // block_m) + num_local_experts
-
-
-def pool_units(pool_bytes: int | None, unit_bytes: int, units_cap: int) -> int:
-    """Units of `unit_bytes` (`block_m` rows of hidden + intermediate) a pool of `pool_bytes` holds
-    (default `DEFAULT_POOL_BYTES`), never more than `units_cap`; refuses a pool below the minimum."""
-    if pool_bytes is None:
-        pool_bytes = DEFAULT_POOL_BYTES
-    pool_bytes = check_int(pool_bytes, "pool_bytes", 1, INT64_MAX, "bytes of the row pool")
-    minimum = min(MIN_POOL_UNITS, units_cap)
-    units = min(pool_bytes // unit_bytes, units_cap)
-    if units < minimum:
-        raise InputError(f"pool_bytes={pool_bytes}: holds {pool_bytes // unit_bytes} units of {unit_bytes} bytes "
-                         f"(block_m rows of hidden + intermediate); the minimum is {minimum} units "
-                         f"= {minimum * unit_bytes} bytes")
-    return int(units)
-
-
 class MoEBuffer:
     """Buffers and signals of one rank of an expert-parallel MoE layer (see module docstring)."""
 
     def __init__(self, num_max_tokens_per_rank, num_experts, topk, hidden, intermediate, group=None, *,
                  device=None, dtype=torch.bfloat16, config: BlockConfig | None = None,
                  pool_bytes: int | None = None, capacity_factor: float | None = None,
-                 max_bytes: int = MAX_BUFFER_BYTES, pacing="auto", timeout_ns: int = DEFAULT_TIMEOUT_NS):
+                 max_bytes: int = MAX_BUFFER_BYTES, pacing="auto", timeout_ns: int = DEFAULT_TIMEOUT_NS,
+                 calibration=None):
         self.T_max = check_int(num_max_tokens_per_rank, "num_max_tokens_per_rank", 1, MAX_TOKENS_PER_RANK,
                                "tokens per rank in one call")
         self.timeout_ns = check_timeout_ns(timeout_ns)
+        # What `model_guided` and `pacing="auto"` decide with: a user's folder, loaded (and a bad one
+        # refused) before anything is allocated; None: the setting XSTAGE_CALIBRATION, else the embedded.
+        self.calibration = calibration_of(calibration) if calibration is not None else None
         self.E = check_int(num_experts, "num_experts", 1, MAX_EXPERTS, "experts of the layer")
         self.K = check_int(topk, "topk", 1, self.E, "experts per token, at most num_experts")
         self.H = check_int(hidden, "hidden", 1, MAX_HIDDEN, "elements per row")

@@ -1,8 +1,11 @@
 """What a fused MoE call runs when it leaves a choice to the planner, decided once per token bucket.
 
-A call leaves two choices open: a schedule chosen per call (`model_guided`, or any name registered
-with `register_schedule(name, chooser=...)`) becomes an order, and `pacing="auto"` becomes a store
-pacing. Each answer is a `MoEDecision`, made once per (request, CTA count, token bucket) and cached on
+A call leaves two choices open: a schedule chosen per call (`model_guided`, the planner's pick, or any
+name a user registered with `register_schedule(name, chooser=...)`) becomes an order, and
+`pacing="auto"` becomes a store pacing. The planner's choices come from its policy, called here
+directly (`xstage.sched.policy.choose_schedule`, `choose_pacing`), and each `MoEDecision` keeps the
+planner's `Decision` objects behind it (`planner`: alternatives, predicted times, calibration). Each
+answer is a `MoEDecision`, made once per (request, CTA count, token bucket) and cached on
 the buffer, which fixes the shape, the group size and the store path. A cached decision costs one dict
 lookup per call: no host synchronisation, no loop over units or tasks.
 
@@ -35,14 +38,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xstage.bounds import INT64_MAX, check_int
-from xstage.comm.pacing import StorePacing, spec_of
 from xstage.errors import InputError
-from xstage.moe.pacing import AUTO, choose_pacing, resolve_pacing
-from xstage.moe.schedule import builtin_order, check_schedule, chooser
-from xstage.moe.variant import Variant
+from xstage.sched.pacing import resolve_pacing
+from xstage.sched.policy import Decision, buffer_config, choose_pacing, choose_schedule, pacing_of
+from xstage.spec.pacing import AUTO, StorePacing, spec_of
+from xstage.spec.schedule import PLANNED, builtin_order, check_schedule, chooser, per_call
+from xstage.spec.variant import Variant
 
-PLANNED, FORCED = "planned", "forced"
-SOURCES = (PLANNED, FORCED)
+PLANNED_SOURCE, FORCED = "planned", "forced"
+SOURCES = (PLANNED_SOURCE, FORCED)
 
 
 def _bucket_hi(tokens: int, t_max: int) -> int:
@@ -78,7 +82,9 @@ class MoEDecision:
     """What the calls of one `request` (the call's `SCHEDULE@PACING`, e.g. `model_guided@auto`) run
     with `ctas` persistent CTAs and a token count in `bucket` (`lo, hi`, decided at `hi`): the order
     `schedule` and the store pacing `pacing` (None: unpaced). `source` is `"planned"` (the planner
-    chose all it was asked) or `"forced"` (`MoEBuffer.force_decision` set a part of it)."""
+    chose all it was asked) or `"forced"` (`MoEBuffer.force_decision` set a part of it). `planner`:
+    the planner's decisions behind it (`xstage.sched.policy.Decision`: the pacing, then the schedule,
+    each where the planner made it), with the alternatives' predicted times and the calibration used."""
 
     request: Variant
     bucket: tuple[int, int]
@@ -86,6 +92,7 @@ class MoEDecision:
     schedule: str
     pacing: StorePacing | None
     source: str
+    planner: tuple[Decision, ...] = ()
 
     @property
     def variant(self) -> Variant:
@@ -123,21 +130,32 @@ def decide(buf, schedule: str, pacing, tokens: int, ctas: int) -> MoEDecision:
 
 def _make(buf, schedule: str, pacing, ctas: int, hi: int) -> MoEDecision:
     forced = buf._forced.get(hi)
-    pick = chooser(schedule)
-    forced_schedule = forced is not None and pick is not None and chooser(forced.schedule) is None
+    chosen_per_call = per_call(schedule)
+    forced_schedule = forced is not None and chosen_per_call and not per_call(forced.schedule)
     forced_pacing = forced is not None and pacing == AUTO and forced.pacing not in (None, AUTO)
-    order = forced.schedule if forced_schedule else (schedule if pick is None else None)
+    order = forced.schedule if forced_schedule else (None if chosen_per_call else schedule)
+    dtype = "fp8" if buf.fp8 else "bf16"
+    planner: list[Decision] = []
     if forced_pacing:
         chosen = resolve_pacing(forced.pacing, buf.store_path, buf.R)
     elif pacing == AUTO:
-        chosen = choose_pacing(buf, hi, ctas, order)  # order None: jointly with the schedule
+        d = choose_pacing(buffer_config(buf, hi), buf.store_path, ctas, order, dtype=dtype,
+                          calibration=buf.calibration)  # order None: jointly with the schedule
+        planner.append(d)
+        chosen = pacing_of(d, buf.store_path, buf.R)
     else:
         chosen = pacing
     if order is None:
-        order = check_schedule(pick(buf, hi, ctas, chosen))
+        if schedule == PLANNED:
+            d = choose_schedule(buffer_config(buf, hi), buf.store_path, ctas, chosen, dtype=dtype,
+                                calibration=buf.calibration)
+            planner.append(d)
+            order = check_schedule(d.choice)
+        else:  # a user's chooser
+            order = check_schedule(chooser(schedule)(buf, hi, ctas, chosen))
     request = Variant(schedule, AUTO if pacing == AUTO else spec_of(pacing))
     return MoEDecision(request, (_bucket_lo(hi), hi), ctas, order, chosen,
-                       FORCED if forced_schedule or forced_pacing else PLANNED)
+                       FORCED if forced_schedule or forced_pacing else PLANNED_SOURCE, tuple(planner))
 
 
 def _forced_buckets(buf, tokens) -> list[int]:
@@ -161,8 +179,8 @@ def _forced_buckets(buf, tokens) -> list[int]:
 
 def _check_forced_order(buf, name: str, his: list[int]) -> None:
     """Refuse an order that some routing in these buckets could not run in the buffer's row pool."""
-    from xstage.moe.buffer import max_units
     from xstage.moe.device_plan import pool_needed  # it builds on the fused call, which imports this module
+    from xstage.spec.moe import max_units
 
     if builtin_order(name) is None:
         return
@@ -183,7 +201,7 @@ def force(buf, tokens, variant) -> list[tuple[int, int]]:
     elif not isinstance(variant, Variant):
         raise InputError(f"variant={variant!r}: expected SCHEDULE[@PACING] such as 'lag:2@off', or a Variant")
     his = _forced_buckets(buf, tokens)
-    order = chooser(variant.schedule) is None
+    order = not per_call(variant.schedule)
     paced = variant.pacing not in (None, AUTO)
     if not order and not paced:
         raise InputError(f"variant {str(variant)!r}: forces nothing; name an order ('lag:2'), a pacing "

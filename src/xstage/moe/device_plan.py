@@ -18,13 +18,14 @@ import triton
 
 from xstage.backend import launch
 from xstage.comm.device import wait_bounds
-from xstage.comm.pacing import StorePacing
 from xstage.env import interpreter_active
-from xstage.moe.buffer import STAGE_PLAN_BARRIER, MoEBuffer
+from xstage.moe.buffer import MoEBuffer
 from xstage.moe.fused import _resolve_schedule, call_pacing, num_ctas, plan
 from xstage.moe.layout import RoutingLayout
 from xstage.moe.plan_kernel import _BC, _BE, _BT, _ORDER_CODE, _PE_ROWS, _UNIT_COLS, _WB, moe_plan_kernel
-from xstage.moe.schedule import TASK_COLS, builtin_order, pool_too_small
+from xstage.spec.pacing import StorePacing
+from xstage.spec.schedule import TASK_COLS, builtin_order, pool_too_small
+from xstage.spec.stages import STAGE_PLAN_BARRIER
 
 _CPU_PROGRAMS = 4  # scratch rows for the interpreter, where tests run up to this many programs
 

@@ -38,24 +38,23 @@ from xstage.backend import refuse_interpreter_bf16
 from xstage.bounds import check_instance
 from xstage.comm.context import check_timeout_ns
 from xstage.comm.device import wait_bounds
-from xstage.comm.pacing import StorePacing, pacing_args
 from xstage.env import interpreter_active
 from xstage.errors import InputError
 from xstage.moe import kernels
-from xstage.moe.buffer import (
-    FP8_BLOCK,
+from xstage.moe.buffer import FP8_BLOCK, MoEBuffer
+from xstage.moe.decision import decide
+from xstage.moe.layout import routing_layout, unit_experts
+from xstage.sched.pacing import resolve_pacing
+from xstage.spec.pacing import AUTO, StorePacing, pacing_args
+from xstage.spec.schedule import TASK_COLS, Schedule, check_schedule, make_schedule, per_call
+from xstage.spec.stages import (
     STAGE_BUFFER_FREE,
     STAGE_COMBINE_DONE,
     STAGE_L1_WAIT,
     STAGE_L2_WAIT,
     STAGE_POOL_SLOT,
     STAGE_STORE_PACING,
-    MoEBuffer,
 )
-from xstage.moe.decision import decide
-from xstage.moe.layout import routing_layout, unit_experts
-from xstage.moe.pacing import AUTO, resolve_pacing
-from xstage.moe.schedule import TASK_COLS, Schedule, check_schedule, chooser, make_schedule
 
 _REDUCE_BT = 8
 
@@ -161,7 +160,7 @@ class _Plan:
 def call_pacing(pacing, buf: MoEBuffer, tokens: int, ctas: int, schedule: str) -> StorePacing | None:
     """The pacing of one call: `"buffer"` keeps the buffer's; `"auto"` is the planner's choice for this
     call's token bucket and schedule (jointly with the schedule when that is chosen per call too; cached
-    on the buffer, `xstage.moe.decision`); anything else is resolved by `xstage.moe.pacing.resolve_pacing`
+    on the buffer, `xstage.moe.decision`); anything else is resolved by `xstage.sched.pacing.resolve_pacing`
     for the buffer's store path."""
     if isinstance(pacing, str) and pacing == "buffer":
         pacing = buf.pacing
@@ -171,10 +170,10 @@ def call_pacing(pacing, buf: MoEBuffer, tokens: int, ctas: int, schedule: str) -
 
 
 def _resolve_schedule(schedule: str, buf: MoEBuffer, tokens: int, ctas: int, pacing: StorePacing | None) -> str:
-    """A name chosen per call (e.g. `model_guided`, registered by `xstage.sched`) becomes its chooser's
-    pick for this shape, token bucket and pacing (cached on the buffer, `xstage.moe.decision`); orders
-    pass through."""
-    if chooser(check_schedule(schedule)) is None:
+    """A name chosen per call (`model_guided`: the planner's pick; or a user's chooser) becomes its pick
+    for this shape, token bucket and pacing (cached on the buffer, `xstage.moe.decision`); orders pass
+    through."""
+    if not per_call(check_schedule(schedule)):
         return schedule
     return decide(buf, schedule, pacing, tokens, ctas).schedule
 

@@ -7,9 +7,14 @@
 - `sweeps`: the named experiments (first, periodic, twoburst, completion, knobs, peers).
 - `session`: resumable, sliceable runs into an output folder.
 - `analysis`, `report`: summary, experiment figures, plots, profile fit and held-out check.
-- `commands`: `xstage probe`.
+- `xstage.cli.probe`: `xstage probe`.
 
 Example (one H200, about 2 minutes without the fit):
 
     xstage probe --path host --sweep all -o results/h200-host
 """
+
+from xstage.backend import select
+
+select()  # before this package's kernels are defined: Triton's interpreter where no GPU exists
+

@@ -9,8 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import torch
-
 from xstage.results.stats import Timing, timing_summary
 
 
@@ -27,6 +25,8 @@ class HostEvent:
 
 def events(n: int) -> list:
     """`n` timing events: CUDA events where a GPU is present, host-clock events elsewhere."""
+    import torch  # here, not at import: the model and the planner read results without loading torch
+
     if torch.cuda.is_available():
         return [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     return [HostEvent() for _ in range(n)]
@@ -34,6 +34,8 @@ def events(n: int) -> list:
 
 def synchronize() -> None:
     """Wait for the device (a no-op without a GPU)."""
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 

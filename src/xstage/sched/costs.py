@@ -6,7 +6,7 @@ from the measured medians of its shape (`table`, interpolated in rows per expert
 model (`tile_model`, `xstage.sched.tilecost`: a roofline over the tile's FLOPs and bytes that carries
 to unmeasured shapes and operand sizes), or from a per-kind `overhead_ns + work / rate` (one CTA on
 one SM; work is FLOPs for GEMM tiles and bytes for copy tasks such as dispatch), fitted to in-kernel
-timings of the kernel's own tiles (`xstage.sched.calibrate`). Those are traced in the `expert_wave`
+timings of the kernel's own tiles (`xstage.calibrate.tiles`). Those are traced in the `expert_wave`
 order; the order effect (`order`, `xstage.sched.ordercost`) scales them for the schedule that runs
 them. The JSON keeps all of it, the data it came from and provenance, so a planner on a machine
 without a GPU uses measured costs, never guessed ones.
@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.moe.problem import MoeShape
 from xstage.results.io import read_json
 from xstage.sched.ordercost import OrderEffect
 from xstage.sched.tilecost import TileModel, fit_tile_model
+from xstage.spec.moe import MoeShape
 
 
 def _number(v, field: str, positive: bool = True) -> float:
@@ -232,6 +232,18 @@ def _gaps_of_shapes(provenance: dict, shapes: list[str]) -> list[float]:
     if not gaps or not traced or per_shape < 1 or len(gaps) != len(traced) * per_shape:
         return []
     return [float(g) for i, g in enumerate(gaps) if traced[i // per_shape] in shapes]
+
+
+def fit_kind(works: np.ndarray, times: np.ndarray) -> KindCost:
+    """Least squares `time = overhead + work / rate` (overhead clipped at 0: then a pure rate)."""
+    if len(works) == 1 or np.ptp(works) == 0:
+        return KindCost(0.0, float(np.mean(works / times)))
+    slope, icpt = np.polyfit(works, times, 1)
+    if slope <= 0:
+        raise InputError("calibration: tile time does not grow with tile work; the measurement is broken")
+    if icpt < 0:
+        return KindCost(0.0, float(np.sum(works * works) / np.sum(works * times)))
+    return KindCost(float(icpt), float(1.0 / slope))
 
 
 def load_default_costs(kernel: str = "moe", dtype: str = "bf16") -> TaskCosts:

@@ -60,29 +60,18 @@ from importlib import resources
 
 import numpy as np
 
-from xstage.attention.exchange import CORES, Exchange, parse_exchange
-from xstage.attention.flash import SUPPORTED_HEAD_DIMS
-from xstage.attention.layout import UlyssesPlan, split_sizes
-from xstage.attention.overlap import default_blocks, overlap_blocks
 from xstage.bounds import MAX_RANKS, check_instance, check_int, check_sequence, label
 from xstage.errors import InputError, XstageError
 from xstage.results.io import cell_count, cell_time
+from xstage.sched.constants import planner_constants
 from xstage.sched.measured import load_results
+from xstage.spec.exchange import CORES, Exchange, parse_exchange
+from xstage.spec.ulysses import SUPPORTED_HEAD_DIMS, UlyssesPlan, default_blocks, overlap_blocks, split_sizes
 
 BLOCK_M = 128
-# Ranked by default (`exchange="auto"`, `plan ulysses`). The overlap blocks take the `waves` cut: in
-# the calibration (`benchmarks/results/h200-ulysses-calibration/`, commit d77f19c) it was faster than
-# the even cut in all 9 configurations where the two differ with three cuDNN blocks (geomean 0.92x)
-# and in 7 of 9 with four (0.98x); elsewhere it is the same cut.
-# Predicted when named (`plan ulysses --candidates`) but not ranked by default:
-# - `stores:burst`: it loses to `stores:paced` wherever the link is busy, and the model's error on
-#   it is the largest (4.4% of attention alone, in-sample median);
-# - `overlap:cudnn` (two blocks): on two streams the remote and the own block run side by side and
-#   the remote block's copy shows; slower than three or four blocks in 26 of the 30 calibration
-#   configurations;
-# - the `even` cut.
-CANDIDATES = ("serial:triton", "serial:cudnn", "overlap:cudnn:3:waves", "overlap:cudnn:4:waves",
-              "overlap:triton:4:waves", "stores:paced")
+# Ranked by default (`exchange="auto"`, `plan ulysses`): a measured choice, with its reasons, in
+# `xstage/data/h200-planner-constants.json` (`xstage.sched.constants`).
+CANDIDATES = planner_constants().exchange_candidates
 CALIBRATION_CSV = "h200-ulysses-calibration.csv"
 # Triton compiles integer arguments divisible by 16 apart; the fused kernel's sequence length is one
 ALIGN = 16
@@ -156,7 +145,7 @@ class ExchangeCosts:
 
 
 def check_head_dim(value, arg: str = "dim") -> int:
-    """A head dim the attention kernel runs (`xstage.attention.flash.SUPPORTED_HEAD_DIMS`)."""
+    """A head dim the attention kernel runs (`xstage.spec.ulysses.SUPPORTED_HEAD_DIMS`)."""
     dim = check_int(value, arg, 1, max(SUPPORTED_HEAD_DIMS), "head dim in elements")
     if dim not in SUPPORTED_HEAD_DIMS:
         raise InputError(f"{label(arg, value)}: must be one of {', '.join(map(str, SUPPORTED_HEAD_DIMS))} (the head "
@@ -530,27 +519,6 @@ def default_exchange_costs() -> ExchangeCosts:
     return costs_from_dict(d)
 
 
-def chooser(costs: ExchangeCosts | None = None):
-    """An `auto` resolver for `xstage.attention.exchange.register_chooser`: the planner's fastest
-    exchange for the call, predicted for rank 0 of the group (the ranks' shares differ by at most one
-    head and one token) at batch 1, remembered per shape. `costs` None: the embedded host-path
-    calibration, which other paths use as the nearest one measured."""
-
-    @functools.cache
-    def pick(heads: int, dim: int, tokens: int, ranks: int) -> str:
-        return plan_exchange(heads, dim, tokens, ranks, costs or default_exchange_costs())[0].exchange
-
-    def choose(plan: UlyssesPlan, dtype, path: str, device) -> str:
-        return pick(plan.heads, plan.head_dim, plan.seq_total, plan.world)
-
-    return choose
-
-
-choose_exchange = chooser()
-
-
-
-
 def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequence[str] | None = None
                       ) -> tuple[list[dict], list[dict]]:
     """Predicted vs measured exposed overhead of every exchange row of a `xstage bench ulysses` CSV.
@@ -594,6 +562,6 @@ def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequenc
     return out, summary
 
 
-__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "check_predictable", "choose_exchange", "chooser",
+__all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "check_predictable",
            "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "validate_exchange",
            "wave_done"]

@@ -26,12 +26,11 @@ from collections.abc import Sequence
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
-from xstage.moe.problem import MoeShape, parse_block
-from xstage.sched.calibrate import MODEL_SHAPES
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work
 from xstage.sched.simulate import simulate_kernel
 from xstage.sched.work import KernelWork, Task
+from xstage.spec.moe import MODEL_SHAPES, MoeShape, parse_block
 
 SLOWED, KEPT = 1.5, 1.1  # reader slowdowns that count as slowed / as unchanged
 STORE_PASS = 1 << 20  # bytes per storing CTA and pass in both benchmarks

@@ -35,12 +35,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from xstage.attention.exchange import parse_exchange
 from xstage.dtypes import DTYPES, FP8_DTYPES
 from xstage.errors import InputError
-from xstage.moe.variant import Variant
 from xstage.results.io import CSV_KINDS, cell_count, cell_number, cell_text, cell_time, read_table
 from xstage.results.select import select
+from xstage.spec.exchange import parse_exchange
+from xstage.spec.variant import Variant
 
 BASELINES = ("unfused", "chain", "chain_fp8")  # MoE rows of the benchmarks' baselines, not of the fused kernel
 PATHS = ("hbm", "host", "peer")

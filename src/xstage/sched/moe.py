@@ -22,17 +22,25 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from xstage.bounds import INT64_MAX, MAX_RANKS, check_int
-from xstage.comm.pacing import StorePacing
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
-from xstage.moe.buffer import MAX_EXPERTS, MAX_HIDDEN, MAX_TOKENS_PER_RANK, BlockConfig, check_block_size
-from xstage.moe.problem import MoeShape, parse_block
-from xstage.moe.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
+from xstage.sched.constants import planner_constants
 from xstage.sched.costs import TaskCosts
 from xstage.sched.simulate import SimResult, simulate_kernel
 from xstage.sched.tilecost import tile_work
 from xstage.sched.work import KernelWork, Task, require_positive_ints
+from xstage.spec.moe import (
+    MAX_EXPERTS,
+    MAX_HIDDEN,
+    MAX_TOKENS_PER_RANK,
+    BlockConfig,
+    MoeShape,
+    check_block_size,
+    parse_block,
+)
+from xstage.spec.pacing import StorePacing
+from xstage.spec.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, make_schedule
 
 REMOTE = 1  # destination id of "other ranks" in MoE work; the local rank (0) has no store path
 REMOTE_PATH = "remote"  # the store path name of those destinations
@@ -122,8 +130,6 @@ def moe_dtype_fields(dtype: str, hidden: int) -> dict:
 
 
 HELD_STORE_WINDOW = 16.0  # bytes: one vector store
-# An SM's share of HBM bandwidth when all stream: 4.56 TB/s over 132 SMs in the H200 probe's hbm control run.
-HBM_BYTES_PER_NS_PER_SM = 4.56e12 / 132 / 1e9
 
 
 def remote_path(params: PathParams, pacing: StorePacing | None = None, unpaced_drain: float = 0.0) -> PathParams:
@@ -216,7 +222,8 @@ def mem_share(load_bytes: float, task_ns: float) -> float:
     kernel's tiles slow alike whether their expert's weights are shared through L2 or not (fitted both
     ways on `benchmarks/results/h200-moe-busy-link/`, this one predicts the shape with L2 sharing within
     16% instead of 48%; `benchmarks/results/h200-interference/`)."""
-    return min(1.0, load_bytes / (HBM_BYTES_PER_NS_PER_SM * task_ns)) if task_ns > 0 else 0.0
+    share = planner_constants().hbm_bytes_per_ns_per_sm  # an SM's share of HBM bandwidth when all stream
+    return min(1.0, load_bytes / (share * task_ns)) if task_ns > 0 else 0.0
 
 
 def moe_work(cfg: MoeConfig, schedule: str, costs: TaskCosts, num_ctas: int, seed: int = 0) -> KernelWork:

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.moe.problem import MoeShape
-from xstage.moe.schedule import KIND_NAMES
+from xstage.spec.moe import MoeShape
+from xstage.spec.schedule import KIND_NAMES
 
 BASELINE = "expert_wave"  # the order every tile trace runs in
 

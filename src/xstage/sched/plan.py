@@ -4,8 +4,8 @@ For a MoE configuration, a store-path profile and measured tile costs, each cand
 (`expert_wave`, `interleaved`, `lag:k`) is turned into its task graph (`moe_work`) and simulated
 (`simulate_kernel`, with the path's store/compute interference term where one was calibrated); the
 table is sorted by predicted kernel time. Given several store pacings (`pacings`), every schedule is
-ranked under each of them. `pick_moe_schedule` is what the kernel's `model_guided` schedule runs, and
-`pick_pacing_for_buffer` what its `pacing="auto"` runs: this module registers both with `xstage.moe`.
+ranked under each of them. The choices a kernel leaves open are made from these tables by the policy
+(`xstage.sched.policy`: `choose_schedule`, `choose_pacing`).
 
 Example:
     from xstage.model import load_default_profile
@@ -23,16 +23,16 @@ from dataclasses import dataclass
 import torch
 
 from xstage.bounds import MAX_SMS, check_instance, check_int, check_sequence
-from xstage.comm.pacing import StorePacing, spec_of
 from xstage.errors import InputError
 from xstage.model import Profile, load_default_profile
-from xstage.model.interference import Interference, load_default_interference
+from xstage.model.interference import Interference
 from xstage.model.params import PathParams
-from xstage.moe.pacing import PACING_CANDIDATES, register_pacing_chooser, resolve_pacing
-from xstage.moe.schedule import CANDIDATES, PoolTooSmallError, check_schedule, chooser, register_schedule
-from xstage.sched.costs import TaskCosts, load_default_costs
-from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, check_seed, moe_work, routes_rows, simulate_remote
+from xstage.sched.constants import planner_constants
+from xstage.sched.costs import TaskCosts
+from xstage.sched.moe import MoeConfig, check_seed, moe_work, simulate_remote
 from xstage.sched.simulate import SimResult
+from xstage.spec.pacing import StorePacing, spec_of
+from xstage.spec.schedule import CANDIDATES, PoolTooSmallError, check_schedule, per_call
 
 # Persistent CTAs the planner simulates: a GPU's SMs x the CTAs per SM the kernel keeps (132 x 9 at most
 # on an H200); the simulation's time grows with them, and past the tasks more CTAs only idle.
@@ -139,7 +139,7 @@ def check_candidates(candidates) -> list[str]:
 def check_plannable(name) -> None:
     """An order the planner can simulate: a registered order (`lag:k` included), not a per-call chooser."""
     check_schedule(name)
-    if chooser(name) is not None:
+    if per_call(name):
         raise InputError(f"schedule {name!r}: chosen per call, not an order the planner can rank")
     return name
 
@@ -153,58 +153,12 @@ def moe_path_params(path: str) -> PathParams:
     """The store path the planner assumes for a MoE buffer's remote rows.
 
     `host` and `peer` use the embedded profile of that path. `hbm` has no knee in the H200 probe's
-    control run (`benchmarks/results/h200-host-probe/hbm/`: one SM issues at 63.7 GB/s, 132 SMs reach
-    4.56 TB/s), so it is a path without windows at those measured rates, where only issue cost remains."""
+    control run, so it is a path without windows at the issue rate and drain measured there, where only
+    issue cost remains (`xstage.sched.constants`, with their provenance)."""
     if path == "hbm":
-        return PathParams(r0=63.7e9, c_sm=math.inf, drain=4.56e12, capacity=math.inf)
+        c = planner_constants()
+        return PathParams(r0=c.hbm_issue_rate, c_sm=math.inf, drain=c.hbm_drain, capacity=math.inf)
     return load_default_profile(path).params
-
-
-def _buffer_config(buf, tokens_per_rank: int) -> MoeConfig:
-    c = buf.cfg
-    return MoeConfig(hidden=buf.H, intermediate=buf.I, num_experts=buf.E, topk=buf.K,
-                     tokens_per_rank=max(1, int(tokens_per_rank)), ep=buf.R, block_m=c.block_m,
-                     block_n1=c.block_n1, block_n2=min(c.block_n2, buf.H), block_k=c.block_k, dynamic=c.dynamic,
-                     pool_units=buf.pool_units,
-                     # an FP8 buffer: 1-byte operands (its own traced tile costs, `_costs`), BF16 combine rows
-                     **(FP8_ELEM_BYTES if buf.fp8 else {}))
-
-
-def _costs(buf) -> TaskCosts:
-    return load_default_costs("moe", "fp8" if buf.fp8 else "bf16")
-
-
-def pick_for_moe_buffer(buf, tokens_per_rank: int, num_ctas: int, pacing: StorePacing | None,
-                        candidates: Sequence[str] = CANDIDATES) -> str:
-    """The `model_guided` schedule of `xstage.moe`: the planner's pick for this buffer's shape, the
-    call's token count and store pacing. Where the synthetic routing routes no row to the rank at this
-    count (`xstage.sched.moe.routes_rows`), every order runs no task and the first candidate is the
-    answer."""
-    cfg = _buffer_config(buf, tokens_per_rank)
-    if not routes_rows(cfg):
-        return check_candidates(candidates)[0]
-    return pick_moe_schedule(cfg, moe_path_params(buf.store_path), _costs(buf), num_ctas, candidates=candidates,
-                             pacing=pacing, interference=load_default_interference(buf.store_path))
-
-
-def pick_pacing_for_buffer(buf, tokens_per_rank: int, num_ctas: int, schedule: str | None,
-                           candidates: Sequence[str] = CANDIDATES) -> str:
-    """`pacing="auto"` of `xstage.moe`: the pacing spec (one of `PACING_CANDIDATES`) with the lowest
-    predicted time for `schedule`, or for the best schedule when `schedule` is None (chosen per call).
-    `"off"` with one rank, or where the synthetic routing routes no row to the rank at this count
-    (`xstage.sched.moe.routes_rows`): there is no remote store to pace."""
-    cfg = _buffer_config(buf, tokens_per_rank)
-    if buf.R < 2 or not routes_rows(cfg):
-        return "off"
-    pacings = {spec: resolve_pacing(spec, buf.store_path, buf.R) for spec in PACING_CANDIDATES}
-    rows = plan_moe(cfg, moe_path_params(buf.store_path), _costs(buf), num_ctas,
-                    candidates=[schedule] if schedule else candidates, pacings=pacings,
-                    interference=load_default_interference(buf.store_path))
-    return rows[0].pacing
-
-
-register_schedule("model_guided", chooser=pick_for_moe_buffer)
-register_pacing_chooser(pick_pacing_for_buffer)
 
 
 def default_ctas(profile: Profile | None = None) -> int:

@@ -52,7 +52,7 @@ from functools import lru_cache
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.moe.problem import MoeShape, parse_block
+from xstage.spec.moe import MoeShape, parse_block
 
 KINDS = ("dispatch", "linear1", "linear2")
 GEMM_KINDS = ("linear1", "linear2")

@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xstage.attention.exchange import parse_exchange
 from xstage.errors import InputError
 from xstage.model import load_default_profile
-from xstage.sched.calibrate import fit_kind
-from xstage.sched.costs import TaskCosts
+from xstage.sched.costs import TaskCosts, fit_kind
 from xstage.sched.measured import check_ulysses_rows
 from xstage.sched.work import KernelWork, Task, require_positive_ints
+from xstage.spec.exchange import parse_exchange
 
 REMOTE = 1  # destination id of the other ranks (rank 0's own rows are local)
 

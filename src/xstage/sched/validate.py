@@ -29,13 +29,13 @@ from xstage.dtypes import FP8_DTYPES
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
-from xstage.moe.buffer import max_units, pool_units
-from xstage.moe.pacing import resolve_pacing
-from xstage.moe.schedule import CANDIDATES, chooser
-from xstage.moe.variant import Variant
 from xstage.sched.costs import TaskCosts
 from xstage.sched.measured import BASELINES, check_moe_rows
 from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, moe_work, simulate_remote
+from xstage.sched.pacing import resolve_pacing
+from xstage.spec.moe import max_units, pool_units
+from xstage.spec.schedule import CANDIDATES, chooser
+from xstage.spec.variant import Variant
 
 
 def split_variant(variant: str, default_pacing: str = "default") -> tuple[str, str]:

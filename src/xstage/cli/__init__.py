@@ -9,15 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from xstage import demo, env_commands
+from xstage import demo
 from xstage.bench import commands as bench_commands
 from xstage.bench import moe as bench_moe
 from xstage.bench import moe_calls as bench_moe_calls
 from xstage.bench import ulysses as bench_ulysses
+from xstage.cli import env as env_commands
+from xstage.cli import model as model_commands
+from xstage.cli import plan as sched_commands
+from xstage.cli import probe as probe_commands
 from xstage.errors import XstageError, one_line
-from xstage.model import commands as model_commands
-from xstage.probe import commands as probe_commands
-from xstage.sched import commands as sched_commands
 from xstage.version import __version__
 
 
