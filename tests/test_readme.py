@@ -103,9 +103,12 @@ def _check(parser, words: list[str]) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("source", ["README", "docstrings"])
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
+
+
+@pytest.mark.parametrize("source", ["README and docs", "docstrings"])
 def test_every_documented_command_parses(source):
-    texts = [README] if source == "README" else _docstring_texts()
+    texts = [README, *(p.read_text() for p in DOCS)] if source == "README and docs" else _docstring_texts()
     parser = build_parser()
     bad, seen = [], 0
     for text in texts:
@@ -117,5 +120,14 @@ def test_every_documented_command_parses(source):
             problem = _check(parser, args)
             if problem:
                 bad.append(f"{cmd}: {problem}")
-    assert seen >= (10 if source == "README" else 1)
+    assert seen >= (10 if source == "README and docs" else 1)
     assert not bad, "\n".join(bad)
+
+
+def test_the_readme_is_a_users_page():
+    # at most 150 lines of at most 120 characters; the rest lives in docs/ (the site CI builds)
+    lines = README.splitlines()
+    assert len(lines) <= 150, len(lines)
+    assert max(len(line) for line in lines) <= 120
+    for link in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / link).is_file(), link
