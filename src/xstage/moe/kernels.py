@@ -46,6 +46,19 @@ import triton.language as tl
 from xstage.comm.device import fence_proxy_async, globaltimer, wait_acquire
 from xstage.comm.pacing import pace_stores
 from xstage.moe.kernels_fp8 import SCALE_BLOCK, _linear1_fp8, _linear2_fp8_acc
+from xstage.spec.stages import STAGE_REFUSED
+
+_REFUSED = tl.constexpr(STAGE_REFUSED)
+
+
+@triton.jit
+def _reachable(p_err, q):
+    """False once the error word names a wait on peer `q` that timed out: that peer is taken as gone, and
+    this call signals it no more. Why: a rank whose process exited may have its memory unmapped (ranks
+    sharing one GPU showed it), and a store there is an illegal address, sticky, that no later check
+    could turn into the timeout naming the dead rank."""
+    err0 = tl.load(p_err, volatile=True)
+    return (err0 == 0) | ((err0 % 65536) != q) | ((err0 // 65536) == _REFUSED)
 
 
 @triton.jit
@@ -304,9 +317,10 @@ def moe_main_kernel(
         tl.atomic_xchg(p_sync + 3, 0)  # every CTA has made its last fetch before counting itself done
         if go:
             for q in range(num_ranks):
-                d = tl.load(p_sig_delta + q)
-                slot = tl.load(p_sig_slot + q)
-                tl.atomic_add(p_sig + d + slot, 1, sem="release", scope="sys")
+                if _reachable(p_err, q):
+                    d = tl.load(p_sig_delta + q)
+                    slot = tl.load(p_sig_slot + q)
+                    tl.atomic_add(p_sig + d + slot, 1, sem="release", scope="sys")
 
 
 @triton.jit(do_not_specialize=["units_cap", "num_ranks", "E_LOCAL", "T", "T_STRIDE", "report"])
@@ -370,9 +384,10 @@ def moe_reduce_kernel(
                 tl.store(p_ready + o_u, tl.zeros([1024], tl.int32), mask=o_u < units_cap)
             tl.atomic_xchg(p_sync + 1, it + 1)
             for q in range(num_ranks):
-                d = tl.load(p_sig_delta + q)
-                slot = tl.load(p_sig_slot + q)
-                tl.atomic_add(p_sig + d + num_ranks + slot, 1, sem="release", scope="sys")
+                if _reachable(p_err, q):
+                    d = tl.load(p_sig_delta + q)
+                    slot = tl.load(p_sig_slot + q)
+                    tl.atomic_add(p_sig + d + num_ranks + slot, 1, sem="release", scope="sys")
         pos = tl.atomic_xchg(p_bad + 2, 0)
         if pos != 0:
             # Every program has counted (the counter above orders them): word 1 keeps the first bad
