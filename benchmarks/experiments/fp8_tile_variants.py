@@ -41,8 +41,8 @@ import triton
 import triton.language as tl
 
 from xstage.env import environment
-from xstage.moe.kernels import _linear1
-from xstage.moe.kernels_fp8 import FP8_MAX, _linear1_fp8, _linear2_fp8_acc
+from xstage.moe.kernels import _linear1  # internal: the fused kernel's BF16 Linear-1 tile, timed alone
+from xstage.moe.kernels_fp8 import FP8_MAX, _linear1_fp8, _linear2_fp8_acc  # internal: its FP8 tiles, timed alone
 from xstage.results import time_device
 from xstage.results.io import write_csv_atomic
 

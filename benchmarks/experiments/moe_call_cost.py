@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Internal: it times a call's steps one by one (F._resolve_schedule, F._operands; D._scratch: the barrier).
 from xstage.moe import device_plan as D
 from xstage.moe import fused as F
 from xstage.moe.problem import Problem, routing

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+# Internal: it tests the prologue kernel D.moe_plan_kernel; D._scratch gives the grid barrier it zeroes.
 from xstage.moe import device_plan as D
 from xstage.moe import fused as F
 from xstage.moe.problem import Problem

@@ -30,6 +30,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ulysses_trace  # noqa: E402  (its `measure` times one configuration's variants)
 
+# Internal: it tests flash._attn_fwd_kernel's specialization by length, rebuilding and swapping that kernel.
 from xstage.attention import flash  # noqa: E402
 from xstage.results.io import write_csv_atomic  # noqa: E402
 from xstage.results.tables import markdown_table  # noqa: E402
