@@ -11,11 +11,11 @@ import pytest
 from tests.probe.synthetic import write_folder
 from tests.sched.test_plan_inputs import TINY, _moe_csv, _moe_rows, _ulysses_rows
 from xstage import demo
-from xstage.bench import moe as bench_moe
 from xstage.bench import ulysses as bench_ulysses
 from xstage.bench.moe_summary import summarize
 from xstage.cli import main
 from xstage.cli import probe as probe_commands
+from xstage.cli.bench import moe as cli_bench_moe
 from xstage.model.data import SUMMARY_COLUMNS
 from xstage.model.design import calibration_design, synthetic_observations
 from xstage.model.params import PathParams
@@ -203,8 +203,8 @@ def test_bench_moe_appends_to_its_own_results_and_refuses_a_users(tmp_path, caps
         _moe_results(out, tokens=256 * len(runs))
         return summarize(out)
 
-    monkeypatch.setattr(bench_moe, "has_gpu", lambda: True)
-    monkeypatch.setattr(bench_moe, "run_grid", run_grid)
+    monkeypatch.setattr(cli_bench_moe, "has_gpu", lambda: True)  # the command's handler asks these
+    monkeypatch.setattr(cli_bench_moe, "run_grid", run_grid)
     out = tmp_path / "b"
     out.mkdir()
     (out / "moe.csv").write_bytes(USER)

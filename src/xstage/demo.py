@@ -32,7 +32,7 @@ from xstage.model import (
 from xstage.model.interference import load_default_interference
 from xstage.model.params import PARAM_UNITS
 from xstage.results import emit, markdown_table
-from xstage.results.output import Outputs, add_force_option, path_arg, write_text
+from xstage.results.output import Outputs, write_text
 from xstage.results.progress import Progress, say
 from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig
@@ -169,13 +169,3 @@ def _demo(out: Path, quiet: bool) -> tuple[dict, str]:
     return payload, report
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="the default profile: parameters, held-out error, predictions, a plan, plots")
-    p.add_argument("-o", "--out", default="xstage-demo", type=path_arg, metavar="DIR",
-                   help=f"output folder, created if missing; "
-                   f"writes {', '.join(DEMO_FILES)} in it, replacing only files that xstage demo wrote "
-                   "(default: ./xstage-demo)")
-    add_force_option(p)
-    p.add_argument("--json", action="store_true", help="print one standard JSON document on standard output and "
-                   "no progress (default: off, text for people)")
-    p.set_defaults(handler=run_demo)

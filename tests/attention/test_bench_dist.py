@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from xstage.bench import ulysses_dist as ud
+from xstage.cli.ulysses_dist import main as ulysses_dist_main
 from xstage.errors import InputError
 from xstage.results import ResultWriter, read_rows
 
@@ -30,7 +31,7 @@ def test_grid_is_the_issue_grid_at_the_world_size():
 def test_outside_torchrun_is_an_input_error(monkeypatch, tmp_path):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(InputError, match="torchrun"):
-        ud.main(["-o", str(tmp_path)])
+        ulysses_dist_main(["-o", str(tmp_path)])
 
 
 def test_report_ratios(tmp_path):

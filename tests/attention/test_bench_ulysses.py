@@ -4,6 +4,7 @@ import pytest
 
 from xstage.attention.flash import FlashConfig
 from xstage.bench import ulysses as bu
+from xstage.bench.ulysses_report import write_report
 from xstage.errors import InputError
 from xstage.results import ResultWriter, select
 from xstage.results.timing import time_in_turns
@@ -68,7 +69,7 @@ def test_report_ratios(tmp_path):
         w.write({**common, "variant": variant, "exchange": "overlap:cudnn" if variant == "auto" else variant,
                  "time_ns": t, "p10_ns": t, "p90_ns": t * 1.1, "tflops": 1.0,
                  "exchange_ok": "" if variant.startswith("attention") else 1})
-    text = bu.write_report(tmp_path).read_text()
+    text = write_report(tmp_path).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| 24x128"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     header = next(line for line in text.splitlines() if line.startswith("| heads x dim"))

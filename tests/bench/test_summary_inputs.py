@@ -9,6 +9,7 @@ import pytest
 import xstage.bench.ulysses as bu
 from xstage.attention.flash import FlashConfig
 from xstage.bench.moe_summary import summarize
+from xstage.bench.ulysses_report import write_report
 from xstage.errors import InputError
 
 from ..corrupt import (
@@ -100,9 +101,9 @@ def _ulysses_dir(tmp_path, data, core=None, name="u"):
 
 def test_ulysses_report_of_a_committed_grid_is_unchanged_by_a_byte_order_mark(tmp_path):
     text = committed(ULYSSES_CSV, ULYSSES_ROWS)
-    plain = bu.write_report(_ulysses_dir(tmp_path, text, name="plain")).read_text()
+    plain = write_report(_ulysses_dir(tmp_path, text, name="plain")).read_text()
     assert "| 16x128 | 3072 | 2 | host |" in plain
-    assert bu.write_report(_ulysses_dir(tmp_path, with_bom(text), name="bom")).read_text() == plain
+    assert write_report(_ulysses_dir(tmp_path, with_bom(text), name="bom")).read_text() == plain
 
 
 @pytest.mark.parametrize("case, needles", [
@@ -127,7 +128,7 @@ def test_ulysses_report_refuses_what_it_cannot_read(tmp_path, case, needles):
         "core-gzip": (None, compressed(core, "gzip")), "core-tflops": (None, with_value(core, "tflops", "inf", row=2)),
         "core-as-grid": (core, None),
     }[case]
-    _refused(bu.write_report, _ulysses_dir(tmp_path, grid, core_data), *needles)
+    _refused(write_report, _ulysses_dir(tmp_path, grid, core_data), *needles)
 
 
 def test_tuned_configs_read_core_files_through_the_same_checks(tmp_path):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from xstage.bench.calls import CALL_COLUMNS
-from xstage.bench.moe_dist import TINY_SHAPES, TINY_TOKENS, main, make_inputs, peer_configs
+from xstage.bench.moe_dist import TINY_SHAPES, TINY_TOKENS, make_inputs, peer_configs
+from xstage.cli.moe_dist import main
 from xstage.errors import InputError
 from xstage.moe import reference_moe_virtual
 from xstage.results import read_rows

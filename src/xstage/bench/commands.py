@@ -1,44 +1,12 @@
-"""`xstage bench <grid>`: the options every grid shares (`add_grid_options`) and the `bench` command.
+"""Deprecated: moved to `xstage.cli.bench`. Importing this module warns; its names resolve there."""
 
-Each grid module exposes `register_bench(bench_subparsers)` and adds one subcommand (`xstage bench
-moe`, `xstage bench ulysses`); `register` takes them as arguments so that this module imports none of
-them (they import it for `add_grid_options`).
-"""
+import importlib
+import warnings
 
-from __future__ import annotations
-
-from xstage.bounds import cli_int, cli_real
-from xstage.results.output import path_arg
-from xstage.results.select import only_spec
-
-WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of every grid
-MAX_RUNS = 100_000  # runs per configuration: past it a grid takes days where 30 runs give the median
-MAX_BUDGET_S = 30 * 86400.0
+warnings.warn("xstage.bench.commands moved to xstage.cli.bench; import it from there", DeprecationWarning,
+              stacklevel=2)
 
 
-def add_grid_options(p) -> None:
-    """Options every grid shares: output folder, slice filter, repeat counts, JSON summary."""
-    p.add_argument("-o", "--out", required=True, type=path_arg,
-                   help="output folder (CSV, plots, summary.md); a rerun resumes "
-                   "where the CSV stops")
-    p.add_argument("--only", action="append", type=only_spec, metavar="KEY=V1,V2", help="run only matching "
-                   "configurations; repeatable, all must match (default: the whole grid)")
-    p.add_argument("--warmup", type=cli_int(0, MAX_RUNS, "untimed runs per configuration"), default=WARMUP,
-                   help=f"untimed runs per configuration, 0..{MAX_RUNS} (default %(default)s)")
-    p.add_argument("--rep", type=cli_int(1, MAX_RUNS, "timed runs per configuration"), default=REP,
-                   help=f"timed runs per configuration, 1..{MAX_RUNS}; median, p10 and p90 are "
-                   "reported (default %(default)s)")
-    p.add_argument("--budget-s", type=cli_real(1, MAX_BUDGET_S, "seconds of the grid's budget", "s"), default=None,
-                   help="stop starting configurations after this many seconds, 1..30 days (default: no limit); "
-                   "rerun to continue")
-    p.add_argument("--summarize-only", action="store_true", help="only write the summary and plots again from "
-                   "the CSV (no GPU needed)")
-    p.add_argument("--json", action="store_true", help="print the summary as standard JSON")
-
-
-def register(sub, grid_modules) -> None:
-    """The `bench` command with one subcommand per module of `grid_modules`."""
-    p = sub.add_parser("bench", help="benchmark grids (fused kernels vs baselines)")
-    grids = p.add_subparsers(dest="grid", metavar="GRID")
-    for module in grid_modules:
-        module.register_bench(grids)
+def __getattr__(name: str):
+    # Resolved by name at first use: the new home is on a higher floor, which this floor does not import.
+    return getattr(importlib.import_module("xstage.cli.bench"), name)

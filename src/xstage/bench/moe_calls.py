@@ -39,18 +39,16 @@ import torch
 
 from xstage.bench.call_summary import check_call_cells
 from xstage.bench.calls import CALL_COLUMNS, CALLS, count_launches, measure_call, relative_error
-from xstage.bench.commands import add_grid_options
 from xstage.bench.moe import call_routings, time_main_and_reduce, tolerance
 from xstage.dtypes import dtype_name
-from xstage.env import has_gpu
 from xstage.errors import InputError, XstageError
 from xstage.moe.buffer import LoopbackGroup, MoEBuffer
 from xstage.moe.fused import fused_moe, plan
 from xstage.moe.layout import transform_weights
 from xstage.moe.problem import routing
-from xstage.results import ResultWriter, emit, select, synchronize
+from xstage.results import ResultWriter, select, synchronize
 from xstage.results.io import cell_count, cell_text, cell_time, read_table
-from xstage.results.output import Outputs, add_force_option, write_text
+from xstage.results.output import write_text
 from xstage.spec.moe import BlockConfig, MoeShape
 
 EXPERTS_IMPLEMENTATION = "grouped_mm"
@@ -345,27 +343,3 @@ def summarize(out_dir, rows: list[dict] | None = None) -> dict:
 
 # ---- the command ---------------------------------------------------------------------------------------------
 
-def register_bench(grids) -> None:
-    p = grids.add_parser("moe-calls", help="the fused MoE call against transformers' grouped_mm experts, call "
-                         "against call (GPU, transformers 5)")
-    add_grid_options(p)
-    add_force_option(p)
-    p.set_defaults(handler=_handler)
-
-
-def _handler(args) -> int:
-    outs = Outputs("xstage bench moe-calls", force=args.force)
-    out = outs.folder(args.out, "-o", files=SUMMARY_FILES, append=() if args.summarize_only else [RESULTS])
-    select(grid_configs(), args.only)  # an --only that selects nothing fails here, before any GPU work
-    if args.summarize_only and not (out / RESULTS).is_file():
-        raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
-    if not args.summarize_only:
-        if not has_gpu():
-            raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
-        require_transformers()
-    rows = read_calls_csv(out / RESULTS) if args.summarize_only else None  # refused before any output
-    with outs:
-        summary = (summarize(out, rows) if args.summarize_only
-                   else run_grid(out, args.only, args.warmup, args.rep, args.budget_s))
-    emit(summary, args.json, (out / "summary.md").read_text())
-    return 0

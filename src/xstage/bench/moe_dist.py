@@ -38,7 +38,6 @@ Example (2 GPUs of one node; `benchmarks/moe_multi_gpu.sh` wraps it):
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import statistics
@@ -51,17 +50,16 @@ import xstage.sched.plan  # noqa: F401  (registers the `model_guided` schedule)
 from xstage.bench.calls import CALLS, ROUTINGS, measure_call
 from xstage.bench.moe import COLUMNS, KEYS, NO_CALL, call_routings, tolerance
 from xstage.bench.moe_summary import summarize
-from xstage.bench.runtime import Runtime, add_dist_options, check_repeats
-from xstage.dtypes import dtype_name
+from xstage.bench.runtime import Runtime
 from xstage.errors import InputError, XstageError
 from xstage.moe import BlockConfig, MoEBuffer, transform_weights
 from xstage.moe.baseline import _grouped_mm
 from xstage.moe.fused import fused_moe, launch_main, launch_reduce, plan
 from xstage.moe.problem import routing
-from xstage.results import ResultWriter, emit, events, read_rows, select, synchronize
+from xstage.results import ResultWriter, events, read_rows, select, synchronize
 from xstage.spec.moe import SHAPES, MoeShape, parse_block
 from xstage.spec.schedule import CANDIDATES
-from xstage.spec.variant import Variant, parse_variants
+from xstage.spec.variant import Variant
 
 SCHEDULES = (*CANDIDATES, "model_guided")
 TOKENS = (256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -425,38 +423,9 @@ def table(out_dir) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python3 -m xstage.bench.moe_dist",
-                                 description="MoE grid on a real EP group (run under torchrun, one process per rank)")
-    add_dist_options(ap)
-    ap.add_argument("--schedules", default=",".join(SCHEDULES),
-                    help="comma-separated variants SCHEDULE[@PACING], PACING one of off, auto or "
-                         "RATE_GBPS:BUDGET_KIB (default: %(default)s, pacing auto)")
-    ap.add_argument("--block", default=None, help="block BM:BN1:BN2:BK:WARPS:STAGES[:FLAGS] for every shape "
-                    "(default: the kernel's BlockConfig)")
-    ap.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--dump-outputs", action="store_true", help=argparse.SUPPRESS)
-    return ap
-
-
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    check_repeats(args.warmup, args.rep)
-    variants = parse_variants(args.schedules)
-    parse_block(args.block, 4096)  # a malformed --block fails here, before any rank starts
-    if args.summarize_only:
-        emit(summarize(args.out, SUMMARY_TITLE, SUMMARY_INTRO), args.json, table(args.out))
-        return 0
-    rt = Runtime.start(args.backend, timeout_s=300, name="moe_dist")
-    with rt:
-        dtype = rt.dtype(args.dtype)
-        rt.log(f"world {rt.world}, backend {rt.backend}, device {rt.device}, dtype {dtype_name(dtype)}")
-        summary = run_peer_grid(args.out, rt, args.only, variants, args.warmup, args.rep, args.budget_s,
-                                args.block, dtype, args.tiny, args.dump_outputs)
-        if summary is not None:
-            emit(summary, args.json, table(args.out))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python3 -m xstage.bench.moe_dist` (the results folders' commands): the parser lives in the CLI floor,
+    # which this module does not import; run it by name.
+    import runpy
+
+    runpy.run_module("xstage.cli.moe_dist", run_name="__main__")

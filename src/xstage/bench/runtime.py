@@ -26,7 +26,6 @@ Example (under `torchrun --nproc-per-node 2`):
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import os
 import sys
@@ -37,8 +36,7 @@ import torch
 import torch.distributed as dist
 
 from xstage import backend as xstage_backend
-from xstage.bench.commands import add_grid_options
-from xstage.dtypes import DTYPES, parse_dtype
+from xstage.dtypes import parse_dtype
 from xstage.errors import InputError
 from xstage.results import Timing, synchronize, timing_summary
 
@@ -52,14 +50,6 @@ SLEEP_CYCLES = 4_000_000
 def multicast_off() -> None:
     """NVLink multicast stays off in this process (and the processes it starts)."""
     os.environ.update(MULTICAST_OFF)
-
-
-def add_dist_options(p: argparse.ArgumentParser) -> None:
-    """The options of a distributed grid: those of `xstage bench <grid>` plus dtype and backend."""
-    add_grid_options(p)
-    p.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: bf16 on GPUs, fp32 on the CPU")
-    p.add_argument("--backend", choices=BACKENDS, default=None,
-                   help="process group; default: nccl when every rank has its own GPU, else gloo")
 
 
 def check_repeats(warmup: int, rep: int) -> None:

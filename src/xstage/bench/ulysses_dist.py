@@ -38,7 +38,6 @@ Example (a node with 2 GPUs; `--only` slices the grid, `--budget-s` stops starti
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from dataclasses import dataclass
@@ -54,12 +53,12 @@ from xstage.attention.flash import default_config, flash_attention
 from xstage.attention.layout import empty_gathered_out, pack_qkv, unpack_out, unpack_qkv
 from xstage.attention.reference import ulysses_reference
 from xstage.attention.ulysses import fused_state, run_fused, wait_fused
-from xstage.bench.runtime import Runtime, add_dist_options, check_repeats
+from xstage.bench.runtime import Runtime
 from xstage.bench.ulysses import GRID_SHAPES, GRID_TOKENS, KEY_COLUMNS, attention_flops
 from xstage.comm import create_context
 from xstage.dtypes import dtype_name
 from xstage.errors import InputError
-from xstage.results import ResultWriter, Timing, emit, events, markdown_table, read_rows, select, synchronize
+from xstage.results import ResultWriter, Timing, events, markdown_table, read_rows, select, synchronize
 from xstage.spec.exchange import parse_exchange
 from xstage.spec.ulysses import UlyssesPlan, split_sizes
 
@@ -357,43 +356,9 @@ def write_report(out_dir) -> Path:
     return path
 
 
-def _exchange(text: str) -> str:
-    try:
-        return str(parse_exchange(text))
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m xstage.bench.ulysses_dist",
-                                description="Ulysses attention, fused vs serial, on a torchrun group")
-    add_dist_options(p)
-    p.add_argument("--exchange", type=_exchange, default="stores:paced", help="what the fused rows run, an "
-                   "exchange spelling such as stores:burst or overlap:cudnn; write each to its own folder "
-                   "(default %(default)s)")
-    p.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
-    return p
-
-
-def main(argv=None) -> int:
-    t_start = time.monotonic()
-    args = build_parser().parse_args(argv)
-    check_repeats(args.warmup, args.rep)
-    if args.summarize_only:
-        path = write_report(args.out)
-        emit({"summary": str(path)}, args.json, path.read_text())
-        return 0
-    rt = Runtime.start(args.backend, name="ulysses_dist")
-    with rt:
-        dtype = rt.dtype(args.dtype)
-        rt.log(f"ulysses_dist: {rt.world} ranks, {rt.backend}, {rt.device}, {dtype_name(dtype)}")
-        run_grid(args.out, rt, only=args.only, tiny=args.tiny, dtype=dtype, warmup=args.warmup, rep=args.rep,
-                 budget_s=args.budget_s, t_start=t_start, exchange=args.exchange)
-        if rt.rank == 0:
-            path = write_report(args.out)
-            emit({"summary": str(path)}, args.json, path.read_text())
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python3 -m xstage.bench.ulysses_dist` (the results folders' commands): the parser lives in the CLI floor,
+    # which this module does not import; run it by name.
+    import runpy
+
+    runpy.run_module("xstage.cli.ulysses_dist", run_name="__main__")

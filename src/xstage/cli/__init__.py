@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from xstage import demo
-from xstage.bench import commands as bench_commands
-from xstage.bench import moe as bench_moe
-from xstage.bench import moe_calls as bench_moe_calls
-from xstage.bench import ulysses as bench_ulysses
+from xstage.cli import bench as bench_commands
+from xstage.cli import demo as demo_command
 from xstage.cli import env as env_commands
 from xstage.cli import model as model_commands
 from xstage.cli import plan as sched_commands
 from xstage.cli import probe as probe_commands
+from xstage.cli.bench import moe as bench_moe
+from xstage.cli.bench import moe_calls as bench_moe_calls
+from xstage.cli.bench import ulysses as bench_ulysses
 from xstage.errors import XstageError, one_line
 from xstage.version import __version__
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_commands.register(sub, (bench_ulysses, bench_moe, bench_moe_calls))
     model_commands.register(sub)
     sched_commands.register(sub)
-    demo.register(sub)
+    demo_command.register(sub)
     return parser
 
 

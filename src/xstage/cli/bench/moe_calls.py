@@ -1,0 +1,45 @@
+"""`xstage bench moe-calls`: the parser of the call-against-transformers grid and its handler
+(the grid: `xstage.bench.moe_calls`)."""
+
+from __future__ import annotations
+
+from xstage.bench.moe_calls import (
+    RESULTS,
+    SUMMARY_FILES,
+    grid_configs,
+    read_calls_csv,
+    require_transformers,
+    run_grid,
+    summarize,
+)
+from xstage.cli.bench import add_grid_options
+from xstage.env import has_gpu
+from xstage.errors import InputError
+from xstage.results import emit, select
+from xstage.results.output import Outputs, add_force_option
+
+
+def register_bench(grids) -> None:
+    p = grids.add_parser("moe-calls", help="the fused MoE call against transformers' grouped_mm experts, call "
+                         "against call (GPU, transformers 5)")
+    add_grid_options(p)
+    add_force_option(p)
+    p.set_defaults(handler=_handler)
+
+
+def _handler(args) -> int:
+    outs = Outputs("xstage bench moe-calls", force=args.force)
+    out = outs.folder(args.out, "-o", files=SUMMARY_FILES, append=() if args.summarize_only else [RESULTS])
+    select(grid_configs(), args.only)  # an --only that selects nothing fails here, before any GPU work
+    if args.summarize_only and not (out / RESULTS).is_file():
+        raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
+    if not args.summarize_only:
+        if not has_gpu():
+            raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
+        require_transformers()
+    rows = read_calls_csv(out / RESULTS) if args.summarize_only else None  # refused before any output
+    with outs:
+        summary = (summarize(out, rows) if args.summarize_only
+                   else run_grid(out, args.only, args.warmup, args.rep, args.budget_s))
+    emit(summary, args.json, (out / "summary.md").read_text())
+    return 0
