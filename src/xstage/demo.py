@@ -30,7 +30,7 @@ from xstage.model import (
     read_observations,
 )
 from xstage.model.interference import load_default_interference
-from xstage.model.params import PARAM_UNITS
+from xstage.model.params import MEANINGS, PARAM_UNITS
 from xstage.results import emit, markdown_table
 from xstage.results.output import Outputs, write_text
 from xstage.results.progress import Progress, say
@@ -72,8 +72,8 @@ def _param_rows(profile) -> list[dict]:
         status = "fitted" if name in profile.fitted else "fixed"
         if profile.identified and name in profile.identified and not profile.identified[name]:
             status = "not identified"
-        rows.append({"parameter": name, "value": _fmt_value(v, unit), f"{profile.interval_label} interval": interval,
-                     "status": status})
+        rows.append({"parameter": name, "meaning": MEANINGS.get(name, ""), "value": _fmt_value(v, unit),
+                     f"{profile.interval_label} interval": interval, "status": status})
     return rows
 
 
@@ -106,7 +106,7 @@ def _plan_section(profile, out: Path, quiet: bool = False) -> tuple[list[dict], 
     table = [{"schedule": r.schedule, "time_us": r.time_ns / 1e3,
               "speedup_vs_expert_wave": wave.time_ns / r.time_ns,
               "stall_us_per_cta": r.breakdown["stall"] / 1e3 / ctas} for r in rows]
-    png = plot_timeline(rows[0].result, out / PLOTS[2],
+    png = plot_timeline(rows[0].result, out / PLOTS[2], capacity=profile.params.capacity,
                         title=f"{shape} T={tokens} EP={ep} over {profile.path}: {rows[0].schedule} (predicted)")
     return table, str(png), (f"{shape}, {tokens} tokens/rank, EP={ep}, {ctas} CTAs, remote stores over "
                              f"`{profile.path}`, store pacing {spec_of(pacing)} (GB/s:KiB). "
@@ -145,7 +145,15 @@ def _demo(out: Path, quiet: bool) -> tuple[dict, str]:
         f"Measured on {prov.get('gpu', '?')} (driver {prov.get('driver', '?')}, torch {prov.get('torch', '?')}, "
         f"triton {prov.get('triton', '?')}, {prov.get('date', '?')}); data `{data_name}`.",
         "",
-        markdown_table(params, ["parameter", "value", f"{profile.interval_label} interval", "status"]),
+        "The Burst-Gap model of a store path: an SM issues remote stores at `r0` until `c_sm` bytes of its own",
+        "are outstanding; the path drains them at `drain` and holds at most `capacity` bytes from all SMs; past",
+        "either level, later stores stall. `fitted`: estimated from the measurements, with the interval",
+        "below; `fixed`: held at its value; `not identified`: the data cannot tell it apart.",
+        "",
+        markdown_table(params, ["parameter", "meaning", "value", f"{profile.interval_label} interval", "status"]),
+        "",
+        "Errors: |predicted - measured| / measured issue time of a burst. The held-out error predicts",
+        "configurations the fit did not see; the in-sample error, those it did.",
         "",
         f"Held-out error ({loco.get('rule', 'leave one configuration out')}; {loco.get('n_configs', '?')} "
         "configurations): "
@@ -158,9 +166,27 @@ def _demo(out: Path, quiet: bool) -> tuple[dict, str]:
         "",
         plan_title,
         "",
+        "Columns: `time_us`, the predicted kernel time; `speedup_vs_expert_wave`, the expert-wave order's time",
+        "over this one's (above 1: faster); `stall_us_per_cta`, the time a CTA's stores wait for room on the",
+        "path. The planner (`schedule=\"model_guided\"`) runs the first row.",
+        "",
         markdown_table(plan_rows, list(plan_rows[0])) if plan_rows else "",
         "",
-        "Plots: " + ", ".join(Path(p).name for p in plots),
+        "## Plots",
+        "",
+        *(f"![{Path(p).stem}]({Path(p).name})\n" for p in plots),
+        "- `issue_vs_burst`: the issue time of one burst against its size, measured points over the model's",
+        "  curve, per number of storing SMs; the knee is where the SM's window fills.",
+        "- `issue_vs_gap`: the same against the compute gap between bursts: long gaps let the path drain.",
+        "- `plan_timeline`: the planner's pick, per CTA over time (see the axis), and the path's backlog",
+        "  against its capacity.",
+        "",
+        "## What to run next",
+        "",
+        "- `xstage model --burst 64KiB --gap 20us --sms 8`: predict a burst pattern of your own.",
+        f"- `{PLAN_COMMAND}`: the planner's table for this configuration, with its timeline (`--plot t.png`).",
+        "- On a GPU node: `xstage probe --path host --sweep all -o DIR` measures your own path, and",
+        "  `xstage fit` turns it into a profile the planner can decide with (`XSTAGE_CALIBRATION`).",
     ]
     report = "\n".join(lines) + "\n"
     write_text(out / REPORT, report)

@@ -116,8 +116,15 @@ def test_timeline_plot(tmp_path):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(COLORS)
     assert ax.get_title() == f"predicted kernel time {res.time_ns / 1e3:.1f} us"
     (line,) = axq.get_lines()
-    assert line.get_label() == "remote" and max(line.get_ydata()) == max(q for _, q in res.backlog["remote"]) / 2**20
+    peak = max(q for _, q in res.backlog["remote"])
+    assert line.get_label() == f"remote: bytes issued, not yet drained (peak {peak / 2**10:.3g} KiB)"
+    assert max(line.get_ydata()) == peak / 2**20
     assert (axq.get_xlabel(), axq.get_ylabel()) == ("time (us)", "backlog (MiB)")
+    # With the path's capacity, the panel shows it as a level and reaches it: a small backlog reads small.
+    axq = timeline_figure(res, capacity=SLOW_PATH.capacity).axes[1]
+    level = [ln for ln in axq.get_lines() if ln.get_linestyle() == "--"]
+    assert len(level) == 1 and level[0].get_ydata()[0] == SLOW_PATH.capacity / 2**20
+    assert axq.get_ylim()[1] >= SLOW_PATH.capacity / 2**20
     out = plot_timeline(res, tmp_path / "t.png")
     assert out == tmp_path / "t.png" and out.read_bytes()[:4] == b"\x89PNG"
 
