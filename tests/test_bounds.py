@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from xstage.bounds import INT64_MAX, check_int, check_real, cli_int, cli_real, number_from_text
+from xstage.bounds import INT64_MAX, check_int, check_real, number_from_text
+from xstage.cli.args import cli_int, cli_real
 from xstage.errors import InputError
 
 

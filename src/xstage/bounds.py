@@ -7,9 +7,8 @@
   `allow_inf` says so, for windows without a bound).
 - `check_instance(value, arg, types, what)` / `check_sequence(value, arg, item_types, what)`: an
   argument of the API that must be an object of a type, or a list of them (strings, configurations).
-- `cli_int(lo, hi, what)` / `cli_real(...)`: the same checks as argparse `type=` functions, reading
-  the command line's text first (`4096`, `1e9`, `2.5`); argparse names the flag. `cli_type(check,
-  ...)` does the same for any validator of that form (a head dim, say).
+- `number_from_text(text)`: the number a command-line word spells; the command line's `type=`
+  functions built on these validators are `xstage.cli.args` (`cli_int`, `cli_real`, `cli_type`).
 
 Every refusal is one line that names the argument, the value and the bound, with what the number
 means: `timeout_ns=nan: must be an integer in 1..3600000000000 (progress watchdog of device waits, in
@@ -30,10 +29,8 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import math
 import numbers
-from collections.abc import Callable
 
 from xstage.errors import InputError
 
@@ -127,28 +124,3 @@ def number_from_text(text: str, arg: str = "") -> int | float:
         raise InputError(f"{label(arg, repr(str(text)))}: not a number") from None
 
 
-def cli_type(check: Callable, *args, **kw) -> Callable[[str], int | float]:
-    """An argparse `type=` from a validator `check(value, arg, *args, **kw)`: the word read as a number
-    (`number_from_text`), then checked; a refusal becomes argparse's one line, which names the flag."""
-    def parse(text: str):
-        try:
-            value = number_from_text(text)
-        except InputError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        try:
-            return check(value, "", *args, **kw)
-        except InputError as exc:  # named as typed (`1e9`, not the float it reads as)
-            raise argparse.ArgumentTypeError(str(exc).replace(f"{value}", str(text).strip(), 1)) from None
-
-    parse.__name__ = check.__name__  # what argparse would print for any other error
-    return parse
-
-
-def cli_int(lo: int, hi: int, what: str) -> Callable[[str], int]:
-    """An argparse `type=` reading an integer in `lo..hi` (`check_int`)."""
-    return cli_type(check_int, lo, hi, what)
-
-
-def cli_real(lo: float, hi: float, what: str, unit: str = "", allow_inf: bool = False) -> Callable[[str], float]:
-    """An argparse `type=` reading a finite number in `lo..hi` (`check_real`)."""
-    return cli_type(check_real, lo, hi, what, unit, allow_inf)

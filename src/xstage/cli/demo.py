@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from xstage.cli.args import add_force_option, path_arg
 from xstage.demo import DEMO_FILES, run_demo
-from xstage.results.output import add_force_option, path_arg
 
 
 def register(sub) -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage.bounds import MAX_BOOTSTRAP, MAX_SMS, MAX_WORKERS, check_int, number_from_text
+from xstage.cli.args import add_force_option, path_arg
 from xstage.errors import InputError
 from xstage.model import closed_form as cf
 from xstage.model import intervals as iv
@@ -39,7 +40,7 @@ from xstage.model.fit import STRUCTURES, BootstrapStore, fit_key
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.predict import simulate_launch, weighted_median
 from xstage.model.profile import PATHS, Profile, load_default_profile
-from xstage.results.output import Outputs, add_force_option, emit, path_arg
+from xstage.results.output import Outputs, emit
 from xstage.results.progress import Progress, say
 
 KIB = 1024

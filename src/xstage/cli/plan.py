@@ -15,8 +15,9 @@ import argparse
 import json
 from pathlib import Path
 
-from xstage.bounds import INT64_MAX, MAX_RANKS, MAX_WORKERS, cli_int, cli_type
+from xstage.bounds import INT64_MAX, MAX_RANKS, MAX_WORKERS
 from xstage.calibrate.tiles import CALIBRATION_SHAPES, calibrate_moe
+from xstage.cli.args import add_force_option, cli_int, cli_type, only_spec, path_arg
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import environment, has_gpu
 from xstage.errors import InputError
@@ -24,10 +25,9 @@ from xstage.model import Profile, load_default_profile
 from xstage.model.interference import load_default_interference
 from xstage.results import emit, markdown_table
 from xstage.results.io import ResultWriter, write_csv_atomic
-from xstage.results.output import Outputs, add_force_option, path_arg
+from xstage.results.output import Outputs
 from xstage.results.plots import plot_lines
 from xstage.results.progress import Progress
-from xstage.results.select import only_spec
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
 from xstage.sched.exchange import (

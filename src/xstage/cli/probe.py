@@ -20,16 +20,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from xstage.bounds import MAX_BOOTSTRAP, MAX_SMS, cli_int
+from xstage.bounds import MAX_BOOTSTRAP, MAX_SMS
+from xstage.cli.args import add_force_option, cli_int, only_spec, path_arg
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
 from xstage.probe.report import analyse, load_probe_dir
 from xstage.probe.session import measure
 from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
-from xstage.results.output import Outputs, add_force_option, emit, path_arg
+from xstage.results.output import Outputs, emit
 from xstage.results.progress import say
-from xstage.results.select import only_spec, select
+from xstage.results.select import select
 
 # What an analysis writes in -o DIR (summary.csv only when it is made from raw/*.csv), what a fit adds,
 # and what measuring writes (raw/ per sweep, appended to by every run).

@@ -27,7 +27,6 @@ become the strings `"inf"` / `"-inf"`, numpy scalars and paths become plain valu
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import hashlib
 import json
@@ -79,22 +78,6 @@ def write_text(path, text: str) -> Path:
     with atomic_open(path) as f:
         f.write(text)
     return path
-
-
-def path_arg(text: str) -> str:
-    """argparse `type=` of every option naming a file or folder: the path as given, refused when empty.
-    An empty word (an unset shell variable, `--profile "$PROFILE"`) would otherwise mean the current
-    folder, or be taken for the option's absence and its default."""
-    if not str(text).strip():
-        raise argparse.ArgumentTypeError(f"{text!r}: an empty path; give a file or folder")
-    return text
-
-
-def add_force_option(p) -> None:
-    """The `--force` option of every command that writes files."""
-    p.add_argument("--force", action="store_true", help="also replace output files that this command did not "
-                   "write, or that were changed since it wrote them; an input file is never written, even with "
-                   "--force (default: refuse them, before any work)")
 
 
 def file_digest(path) -> str:
@@ -389,5 +372,5 @@ def is_terminal(stream) -> bool:
         return False
 
 
-__all__ = ["MANIFEST", "Outputs", "add_force_option", "emit", "file_digest", "is_terminal", "jsonable", "to_json",
+__all__ = ["MANIFEST", "Outputs", "emit", "file_digest", "is_terminal", "jsonable", "to_json",
            "write_text"]

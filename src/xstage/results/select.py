@@ -1,7 +1,8 @@
 """Slicing a grid or a results file: `--only KEY=V1,V2` (repeatable; all filters must match).
 
-The one parser of `--only` for every command: `only_spec` checks one spelling when the command line is
-parsed (an argparse `type=`), `parse_only` turns the spellings into filters, `select` applies them.
+The one parser of `--only` for every command: `parse_spec` checks one spelling (the command line's
+`type=` is `xstage.cli.args.only_spec`), `parse_only` turns the spellings into filters, `select`
+applies them.
 A spelling is `KEY=V1[,V2...]`: one `=`, a KEY of letters, digits and `_`, and values without `=`,
 spaces or empty items. A filter on a field the configurations lack, or one that leaves nothing
 selected, is refused as well: a typo never runs an empty slice.
@@ -9,7 +10,6 @@ selected, is refused as well: a typo never runs an empty slice.
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -40,15 +40,6 @@ def parse_spec(spec: str) -> tuple[str, list[str]]:
         what = "an empty value" if "" in bad else f"the value {bad[0]!r}"
         raise InputError(f"--only {spec!r}: {what} (values hold no '=', ',' or spaces); expected {SPELLING}")
     return key, items
-
-
-def only_spec(text: str) -> str:
-    """argparse `type=` of `--only`: the spelling unchanged once `parse_spec` accepts it."""
-    try:
-        parse_spec(text)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--only ")) from None
-    return text
 
 
 def parse_only(specs: Sequence[str] | None) -> dict[str, set[str]]:

@@ -11,10 +11,8 @@ from __future__ import annotations
 import argparse
 
 from xstage.bench.runtime import BACKENDS
-from xstage.bounds import cli_int, cli_real
+from xstage.cli.args import cli_int, cli_real, only_spec, path_arg
 from xstage.dtypes import DTYPES
-from xstage.results.output import path_arg
-from xstage.results.select import only_spec
 
 WARMUP, REP = 5, 30  # untimed and timed runs per configuration: the default of every grid
 MAX_RUNS = 100_000  # runs per configuration: past it a grid takes days where 30 runs give the median

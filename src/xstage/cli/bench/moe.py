@@ -13,12 +13,13 @@ from xstage.bench.moe import (
     run_grid,
 )
 from xstage.bench.moe_summary import read_moe_csv, summarize
+from xstage.cli.args import add_force_option
 from xstage.cli.bench import add_grid_options
 from xstage.dtypes import FP8_DTYPES, parse_dtype
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.results import emit, select
-from xstage.results.output import Outputs, add_force_option
+from xstage.results.output import Outputs
 from xstage.spec.variant import parse_variants
 
 

@@ -12,11 +12,12 @@ from xstage.bench.moe_calls import (
     run_grid,
     summarize,
 )
+from xstage.cli.args import add_force_option
 from xstage.cli.bench import add_grid_options
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.results import emit, select
-from xstage.results.output import Outputs, add_force_option
+from xstage.results.output import Outputs
 
 
 def register_bench(grids) -> None:
