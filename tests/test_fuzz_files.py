@@ -220,8 +220,9 @@ def _attention_costs(p):
 
 
 def _exchange_costs(p):
+    from xstage.calibrate.exchange import fit_exchange_costs
     from xstage.model import load_default_profile
-    from xstage.sched.exchange import fit_exchange_costs, plan_exchange
+    from xstage.sched.exchange import plan_exchange
     from xstage.sched.measured import load_results
 
     res = load_results(p, kind="ulysses")

@@ -6,7 +6,7 @@ Inputs (committed H200 measurements):
 - `h200-moe-busy-link/beside_busy_link.csv`: the fused MoE kernel beside a store kernel (`per_storer`,
   fitted on the calibration shapes' rows, the other rows only checked);
 - `h200-tiles-beside-tile-stores/*.csv`: GEMM tiles with tile-sized unpaced bursts of scattered rows
-  (`unpaced_drain`, `xstage.sched.interference.unpaced_drain_from`).
+  (`unpaced_drain`, `xstage.calibrate.interference.unpaced_drain_from`).
 
 Writes `fit.csv` (one row per busy-link measurement, measured and predicted slowdown, role),
 `onset.csv` (the bystander rows used) and, with `--update`, the embedded term JSON.
@@ -23,12 +23,12 @@ import json
 import os
 from pathlib import Path
 
+from xstage.calibrate.interference import fit_interference, unpaced_drain_from
 from xstage.calibrate.tiles import MODEL_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.costs import load_default_costs
-from xstage.sched.interference import fit_interference, unpaced_drain_from
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.calibrate.interference import fit_unpaced_bias
 from xstage.calibrate.tiles import MODEL_SHAPES, REPORT_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
@@ -40,7 +41,6 @@ from xstage.model.interference import Interference, load_default_interference
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
 from xstage.sched.costs import load_default_costs
-from xstage.sched.interference import fit_unpaced_bias
 from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import rank_ns
 from xstage.sched.validate import fused_rows, validate_moe

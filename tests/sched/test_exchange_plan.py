@@ -6,13 +6,13 @@ import math
 import pytest
 
 from xstage.attention.exchange import resolve_auto
+from xstage.calibrate.exchange import fit_default_exchange_costs, fit_exchange_costs
 from xstage.errors import InputError
 from xstage.sched.exchange import (
     BLOCK_M,
     ExchangeCosts,
     check_predictable,
     default_exchange_costs,
-    fit_exchange_costs,
     plan_exchange,
     predict,
     validate_exchange,
@@ -223,12 +223,12 @@ def test_the_shipped_exchange_costs_equal_a_fresh_fit_of_the_embedded_calibratio
     from xstage.sched import exchange as X
 
     shipped = json.loads((resources.files("xstage.data") / X.COSTS_JSON).read_text())
-    fresh = X.costs_to_dict(X.fit_default_exchange_costs())
+    fresh = X.costs_to_dict(fit_default_exchange_costs())
     assert shipped == json.loads(json.dumps(fresh))
     loaded = X.default_exchange_costs()
     for args in ((24, 128, 32768, 4), (8, 64, 1000, 2), (40, 128, 131072, 8)):
         ranked = X.plan_exchange(*args, loaded)
-        again = X.plan_exchange(*args, X.fit_default_exchange_costs())
+        again = X.plan_exchange(*args, fit_default_exchange_costs())
         assert [(p.exchange, p.time_ns) for p in ranked] == [(p.exchange, p.time_ns) for p in again]
 
 

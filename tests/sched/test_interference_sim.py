@@ -8,14 +8,7 @@ import math
 import pytest
 
 from tests.sched.test_plan import COSTS, SLOW_PATH, SMALL
-from xstage.errors import InputError
-from xstage.model import load_default_profile
-from xstage.model.interference import Interference
-from xstage.model.params import PathParams
-from xstage.sched import KernelWork, Task, simulate_kernel
-from xstage.sched.constants import planner_constants
-from xstage.sched.costs import load_default_costs
-from xstage.sched.interference import (
+from xstage.calibrate.interference import (
     KEPT,
     SLOWED,
     STORE_PASS,
@@ -24,6 +17,13 @@ from xstage.sched.interference import (
     onset_from_bystanders,
     predict_slowdown,
 )
+from xstage.errors import InputError
+from xstage.model import load_default_profile
+from xstage.model.interference import Interference
+from xstage.model.params import PathParams
+from xstage.sched import KernelWork, Task, simulate_kernel
+from xstage.sched.constants import planner_constants
+from xstage.sched.costs import load_default_costs
 from xstage.sched.moe import MoeConfig, mem_share, moe_work, remote_path
 from xstage.spec.pacing import StorePacing
 from xstage.spec.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2

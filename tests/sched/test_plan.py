@@ -260,7 +260,7 @@ def test_unpaced_drain_slows_only_unpaced_paths_and_never_speeds_one_up():
 
 
 def test_unpaced_drain_from_takes_the_saturated_unpaced_rows_over_a_small_footprint():
-    from xstage.sched.interference import unpaced_drain_from
+    from xstage.calibrate.interference import unpaced_drain_from
 
     rows = [dict(pacing="off", storing_ctas=66, footprint_mib=256, host_gbps=40.0),
             dict(pacing="off", storing_ctas=132, footprint_mib=256, host_gbps=44.0),
@@ -318,7 +318,7 @@ def test_unpaced_bias_ranks_unpaced_candidates_slower_but_keeps_their_predicted_
 
 
 def test_fit_unpaced_bias_is_the_geomean_of_measured_over_predicted_ratios():
-    from xstage.sched.interference import fit_unpaced_bias
+    from xstage.calibrate.interference import fit_unpaced_bias
 
     # measured off/paced ratios 1.2 and 1.0 against predicted 1.0 and 0.8: biases 1.2 and 1.25
     got = fit_unpaced_bias([(100.0, 100.0, 120.0, 100.0), (80.0, 100.0, 100.0, 100.0)])

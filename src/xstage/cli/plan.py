@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from xstage.bounds import INT64_MAX, MAX_RANKS, MAX_WORKERS
+from xstage.calibrate.exchange import fit_default_exchange_costs, fit_exchange_costs
 from xstage.calibrate.tiles import CALIBRATION_SHAPES, calibrate_moe
 from xstage.cli.args import add_force_option, cli_int, cli_type, only_spec, path_arg
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
@@ -39,8 +40,6 @@ from xstage.sched.exchange import (
     check_predictable,
     costs_to_dict,
     default_exchange_costs,
-    fit_default_exchange_costs,
-    fit_exchange_costs,
     plan_exchange,
     validate_exchange,
 )

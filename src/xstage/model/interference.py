@@ -13,7 +13,7 @@ compute or L2-resident tiles, 1 for tiles that stream their operands from HBM) c
 1 / (1 + `per_storer` x k x m), k being the number of CTAs with a burst in the fabric. Below the
 onset the term is off: the SMs' own windows absorb the bursts and loads keep their speed.
 
-Calibration (`xstage.sched.interference`): `onset_bytes` from the bystander benchmark (readers keep
+Calibration (`xstage.calibrate.interference`): `onset_bytes` from the bystander benchmark (readers keep
 their speed beside 8 storing SMs, not beside 16), `per_storer` from the fused MoE kernel's tiles
 beside a store kernel that saturates the link.
 

@@ -36,8 +36,9 @@ Model (rank 0 of P, `h` heads over the whole sequence of S tokens, a grid of `gr
   not multiples of 16: Triton compiles a separate kernel for each, and the fused one runs 2-7% slower
   without the divisibility (`benchmarks/results/h200-ulysses-length-specialization/`).
 Every coefficient is fitted by least squares on a calibration grid (`xstage bench ulysses --grid
-calibration`: other head counts and sequence lengths than the grid the planner is judged on);
-the default fit is the H200 host-path calibration embedded in `xstage/data`. No term depends on the
+calibration`: other head counts and sequence lengths than the grid the planner is judged on) by
+`xstage.calibrate.exchange`; the default fit, of the H200 host-path calibration embedded in
+`xstage/data`, ships as data (`default_exchange_costs`). No term depends on the
 head count, yet the fused kernel's overhead over attention does at one length and P: the
 calibration holds two head counts at D = 128, so that its `stores` fit is not one count's.
 
@@ -62,10 +63,8 @@ import numpy as np
 
 from xstage.bounds import MAX_RANKS, check_instance, check_int, check_sequence, label
 from xstage.errors import InputError, XstageError
-from xstage.results.io import cell_count, cell_time
 from xstage.sched.constants import planner_constants
-from xstage.sched.measured import load_results
-from xstage.spec.exchange import CORES, Exchange, parse_exchange
+from xstage.spec.exchange import Exchange, parse_exchange
 from xstage.spec.ulysses import SUPPORTED_HEAD_DIMS, UlyssesPlan, default_blocks, overlap_blocks, split_sizes
 
 BLOCK_M = 128
@@ -182,7 +181,8 @@ def predict(ex: str | Exchange, heads: int, dim: int, tokens: int, ranks: int, c
     """Predicted receiver-visible time of exchange `ex` for rank 0 of `ranks`."""
     ex = check_predictable(ex)
     plan = _rank0(heads, dim, tokens, ranks)
-    check_instance(costs, "costs", ExchangeCosts, "ExchangeCosts (fit_exchange_costs, default_exchange_costs)")
+    check_instance(costs, "costs", ExchangeCosts,
+                   "ExchangeCosts (xstage.calibrate.exchange.fit_exchange_costs, default_exchange_costs)")
     if check_int(elem_bytes, "elem_bytes", 1, 4, "bytes per element of the output") == 3:
         raise InputError("elem_bytes=3: must be 1, 2 or 4 (bytes per element of the output)")
     h = plan.heads_of(0)
@@ -317,144 +317,6 @@ def plan_exchange(heads: int, dim: int, tokens: int, ranks: int, costs: Exchange
     return sorted(preds, key=lambda p: p.time_ns)
 
 
-def fit_exchange_costs(rows: list[dict], *, drain: float, source: str = "calibration rows",
-                       lines: Sequence[int] | None = None) -> ExchangeCosts:
-    """Least-squares fit of every coefficient on the rows of a `xstage bench ulysses` CSV. Every value
-    the fit reads is checked as it is read (sizes and `remote_bytes` positive integers, times finite
-    and > 0): a refusal names `source` and the row's line (`lines`) or number."""
-    where = {id(r): f"{source}, line {lines[i]}" if lines is not None else f"{source}, row {i + 1}"
-             for i, r in enumerate(rows)}
-
-    def num(r, c):
-        return cell_time(r, c, where[id(r)]) if c == "time_ns" else float(cell_count(r, c, where[id(r)]))
-
-    by_cfg: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        if r.get("time_ns") in ("", None):
-            continue
-        num(r, "time_ns")
-        key = tuple(cell_count(r, c, where[id(r)]) for c in ("heads", "dim", "tokens", "P"))
-        by_cfg.setdefault(key, {})[r["variant"]] = r
-    if not by_cfg:
-        raise InputError(f"{source}: no timed rows to fit exchange costs to")
-    first = next(iter(next(iter(by_cfg.values())).values()))
-    grid = cell_count(first, "grid", where[id(first)])
-    attention, quality = {}, {}
-    for core in ("triton", "cudnn"):
-        for dim in sorted({k[1] for k in by_cfg}):
-            pts = []
-            for (H, D, T, P), v in by_cfg.items():
-                row = v.get(f"attention:{core}")
-                if D != dim or row is None:
-                    continue
-                h = -(-H // P)
-                rounds = math.ceil(h * math.ceil(T / BLOCK_M) / grid)
-                pts.append((rounds * 4.0 * BLOCK_M * T * D, num(row, "time_ns")))
-            if len(pts) < 2:
-                continue
-            # relative residuals: the short configurations weigh as much as the long ones
-            a, b = _line([p[0] for p in pts], [p[1] for p in pts], scale=[p[1] for p in pts])
-            attention[(core, dim)] = (a, b)
-            quality[f"attention:{core}@{dim}"] = _rel_err([a + b * x for x, _ in pts], [y for _, y in pts])
-    copy = {}
-    for core, serial in (("triton", str(parse_exchange("serial:triton"))), ("cudnn", "serial:cudnn")):
-        xs, ys, att = [], [], []
-        for v in by_cfg.values():
-            if serial in v and f"attention:{core}" in v:
-                xs.append(num(v[serial], "remote_bytes"))
-                att.append(num(v[f"attention:{core}"], "time_ns"))
-                ys.append(num(v[serial], "time_ns") - att[-1])
-        if len(xs) >= 2:
-            # residuals relative to attention alone, the measure the overhead predictions are judged by
-            x0, per_byte = _line(xs, ys, scale=att)
-            copy[core] = (max(0.0, x0), 1.0 / per_byte if per_byte > 0 else float("inf"))
-    stores = {}
-    for need, what in ((attention, "attention"), (copy, "copy")):
-        if not need:
-            raise InputError(f"{source}: too few rows to fit the {what} costs")
-    costs = ExchangeCosts(attention, copy, stores, drain, grid, source, quality)
-    for burst, name in ((False, "stores:paced"), (True, "stores:burst")):
-        for dim in sorted({k[1] for k in by_cfg}):
-            for aligned in (True, False):
-                fit = _fit_stores([(cfg, v[name], v["attention:triton"]) for cfg, v in by_cfg.items()
-                                   if cfg[1] == dim and (cfg[2] % ALIGN == 0) == aligned and name in v
-                                   and "attention:triton" in v], costs)
-                if fit is not None:
-                    what = f"{name}@{dim}" + ("" if aligned else f"@tokens%{ALIGN}!=0")
-                    stores[(burst, dim, aligned)], quality[what] = fit
-    for core in CORES:
-        fit = _fit_overlap(by_cfg, core, costs)
-        if fit is not None:
-            costs.overlap[core], quality[f"overlap:{core}"] = fit
-    return costs
-
-
-def _fit_stores(cases: list[tuple], costs: ExchangeCosts):
-    """((s, c ns), median error) of one `stores` exchange and head dim, from (configuration, its row,
-    its attention:triton row) cases: a grid search for the least median |predicted - measured
-    overhead| / measured attention alone (the measure the predictions are judged by, as for
-    `overlap`). None with fewer than 3 cases."""
-    if len(cases) < 3:
-        return None
-    ss, cs = np.meshgrid(np.linspace(-0.05, 0.2, 101), np.linspace(0.0, 40e3, 161), indexing="ij")
-    errs = []
-    for (H, D, T, P), row, alone in cases:
-        plan = _rank0(H, D, T, P)
-        h = plan.heads_of(0)
-        pred_alone = costs.attention_ns("triton", T, h, T, D)
-        att = float(alone["time_ns"])
-        pred = _stores_ns(pred_alone, h, T, (T - plan.seq_lens[0]) * h * D * 2, (ss, cs), costs)
-        errs.append(np.abs(pred - pred_alone - (float(row["time_ns"]) - att)) / att)
-    med = np.median(np.stack(errs), axis=0)
-    i = np.unravel_index(np.argmin(med), med.shape)
-    return (float(ss[i]), float(cs[i])), float(med[i])
-
-
-def _fit_overlap(by_cfg: dict, core: str, costs: ExchangeCosts):
-    """((y0 ns, rate B/ns, z ns, k), median error) of `overlap`'s sends and blocks, searched on a grid
-    of the four for the least median |predicted - measured overhead| / measured attention alone of the
-    worst `overlap:core*` exchange (the measure the predictions are judged by; the max() of the model
-    defeats least squares), among those the planner ranks where the calibration has them. None with
-    fewer than 3 such rows."""
-    # the exchanges the planner ranks, where the calibration has them: the fit serves those
-    present = {n for v in by_cfg.values() for n in v}
-    ranked = [c for c in CANDIDATES if c in present and c.startswith(f"overlap:{core}")]
-    cases = []
-    for (H, D, T, P), v in by_cfg.items():
-        alone = v.get(f"attention:{core}")
-        for name, row in v.items():
-            if alone is None or not name.startswith("overlap") or parse_exchange(name).core != core:
-                continue
-            if ranked and name not in ranked:
-                continue
-            plan = _rank0(H, D, T, P)
-            att = float(alone["time_ns"])
-            pred_alone = costs.attention_ns(core, T, plan.heads_of(0), T, D)
-            # the blocks and sends do not depend on the coefficients searched: made once per case
-            shape = _overlap_geometry(plan, parse_exchange(name), plan.heads_of(0) * D * 2, costs.grid)
-            cases.append((shape, T, D, pred_alone, float(row["time_ns"]) - att, att, name))
-    if len(cases) < 3:
-        return None
-    names = sorted({c[-1] for c in cases})
-    of_name = [np.array([c[-1] == name for c in cases]) for name in names]
-    y0s, rates = np.meshgrid(np.linspace(0.0, 60e3, 31), np.linspace(10.0, 80.0, 36), indexing="ij")
-    # a send beside running attention crosses the same link as the serial copy: never faster
-    too_fast = rates > costs.copy[core][1] if core in costs.copy else np.zeros_like(rates, bool)
-    best = None
-    for z in np.linspace(0.0, 40e3, 11):
-        steps = [_overlap_steps(shape, core, T, D, costs, z) for shape, T, D, *_ in cases]
-        for k in np.linspace(0.0, 0.4, 21):
-            errs = np.stack([np.abs(_overlap_time(st, y0s, rates, k) - pa - over) / att
-                             for st, (_, _, _, pa, over, att, _) in zip(steps, cases)])
-            # the worst exchange's median: the target holds for each exchange the planner ranks
-            med = np.max([np.median(errs[mask], axis=0) for mask in of_name], axis=0)
-            med[too_fast] = np.inf
-            i = np.unravel_index(np.argmin(med), med.shape)
-            if best is None or med[i] < best[1] - 1e-12:
-                best = ((float(y0s[i]), float(rates[i]), float(z), float(k)), float(med[i]))
-    return best
-
-
 def _line(xs, ys, scale=None) -> tuple[float, float]:
     """(a, b) of the least-squares line y = a + b x; with `scale`, of the residuals divided by it."""
     w = 1.0 / np.asarray(scale, float) if scale is not None else np.ones(len(xs))
@@ -470,17 +332,6 @@ def _rel_err(pred, meas) -> float:
 COSTS_JSON = "h200-ulysses-exchange-costs.json"  # the fit of CALIBRATION_CSV, shipped (`xstage plan exchange-costs`)
 
 
-def fit_default_exchange_costs() -> ExchangeCosts:
-    """The fit on the embedded H200 host-path calibration grid, computed (about 2 s on a 2-core CPU):
-    what `COSTS_JSON` holds, and what `xstage plan exchange-costs` writes."""
-    from xstage.model import load_default_profile
-
-    with resources.as_file(resources.files("xstage.data") / CALIBRATION_CSV) as path:
-        res = load_results(path, kind="ulysses")
-    return fit_exchange_costs(res.rows, drain=load_default_profile("host").params.drain,
-                              source=f"xstage/data/{CALIBRATION_CSV}", lines=res.lines)
-
-
 def calibration_sha256() -> str:
     return hashlib.sha256((resources.files("xstage.data") / CALIBRATION_CSV).read_bytes()).hexdigest()
 
@@ -488,7 +339,7 @@ def calibration_sha256() -> str:
 def costs_to_dict(costs: ExchangeCosts) -> dict:
     """`costs` as JSON-ready data: every coefficient, and where it came from (the calibration file and
     its SHA-256 when `costs` is the embedded fit)."""
-    out = {"source": costs.source, "fit": "xstage.sched.exchange.fit_exchange_costs", "drain": costs.drain,
+    out = {"source": costs.source, "fit": "xstage.calibrate.exchange.fit_exchange_costs", "drain": costs.drain,
            "grid": costs.grid,
            "attention": [[core, dim, *v] for (core, dim), v in sorted(costs.attention.items())],
            "copy": [[core, *v] for core, v in sorted(costs.copy.items())],
@@ -563,5 +414,5 @@ def validate_exchange(rows: list[dict], costs: ExchangeCosts, exchanges: Sequenc
 
 
 __all__ = ["CANDIDATES", "ExchangeCosts", "Prediction", "check_predictable",
-           "default_exchange_costs", "fit_exchange_costs", "plan_exchange", "predict", "validate_exchange",
+           "default_exchange_costs", "plan_exchange", "predict", "validate_exchange",
            "wave_done"]

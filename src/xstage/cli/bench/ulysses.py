@@ -20,6 +20,7 @@ from xstage.bench.ulysses import (
     tuned_configs,
 )
 from xstage.bench.ulysses_report import read_report_rows, write_report
+from xstage.calibrate.exchange import fit_exchange_costs
 from xstage.cli.args import add_force_option, cli_int, path_arg
 from xstage.cli.bench import add_grid_options
 from xstage.env import has_gpu
@@ -27,7 +28,7 @@ from xstage.errors import InputError
 from xstage.model import load_default_profile
 from xstage.results.output import Outputs, emit
 from xstage.results.select import select
-from xstage.sched.exchange import check_call_shape, fit_exchange_costs
+from xstage.sched.exchange import check_call_shape
 from xstage.sched.measured import load_results
 
 
