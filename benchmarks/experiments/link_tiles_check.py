@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
+from xstage.calibrate.tilemodel import costs_calibrated_on
 from xstage.calibrate.tiles import MODEL_SHAPES
 from xstage.env import environment
 from xstage.model.interference import load_default_interference
@@ -34,7 +35,7 @@ KINDS = ("dispatch", "linear1", "linear2")
 def check(rows, calibration_only: bool) -> list[dict]:
     costs = load_default_costs("moe")
     if calibration_only:
-        costs = costs.calibrated_on(MODEL_SHAPES)
+        costs = costs_calibrated_on(costs, MODEL_SHAPES)
     path, term = moe_path_params("host"), load_default_interference("host")
     by = {(r["shape"], r["tokens"], r["ep"], r["path"], r["schedule"]): r for r in rows}
     commit = environment().get("git_commit", "")

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from xstage.calibrate.interference import fit_unpaced_bias
+from xstage.calibrate.tilemodel import costs_calibrated_on
 from xstage.calibrate.tiles import MODEL_SHAPES, REPORT_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
@@ -94,7 +95,7 @@ def main() -> None:
     params = load_default_profile("host").params
     costs = load_default_costs("moe")
     if args.tile_costs == "calibration":
-        costs = costs.calibrated_on(MODEL_SHAPES)
+        costs = costs_calibrated_on(costs, MODEL_SHAPES)
     term = load_default_interference("host")
 
     preds = {}

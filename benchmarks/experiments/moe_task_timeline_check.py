@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.calibrate.tilemodel import costs_calibrated_on
 from xstage.calibrate.tiles import MODEL_SHAPES
 from xstage.env import environment
 from xstage.model.interference import load_default_interference
@@ -100,7 +101,7 @@ def main() -> None:
     ap.add_argument("--measured-commit", required=True, help="the commit that measured the files")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    costs = load_default_costs("moe").calibrated_on(MODEL_SHAPES)
+    costs = costs_calibrated_on(load_default_costs("moe"), MODEL_SHAPES)
     commit = environment()["git_commit"]
     rows = []
     for f in sorted(args.files):

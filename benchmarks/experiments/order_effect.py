@@ -23,6 +23,8 @@ import dataclasses
 import statistics
 from pathlib import Path
 
+from xstage.calibrate.ordereffect import order_effect_from_means, restrict_order_effect
+from xstage.calibrate.tilemodel import costs_calibrated_on
 from xstage.calibrate.tiles import MODEL_SHAPES, REPORT_SHAPES
 from xstage.env import environment
 from xstage.model import load_default_profile
@@ -30,7 +32,6 @@ from xstage.results.io import read_rows, write_csv_atomic
 from xstage.results.tables import markdown_table
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work, remote_path
-from xstage.sched.ordercost import order_effect_from_means
 from xstage.sched.simulate import simulate_kernel
 from xstage.spec.moe import MoeShape
 from xstage.spec.schedule import KIND_NAMES
@@ -71,7 +72,7 @@ def main() -> None:
     source = {"from": str(a.ep1), "git_commit": sorted({r["git_commit"] for r in ep1}),
               "method": "mean traced tile time per kind under each schedule over expert_wave's, EP=1, same run"}
     full = order_effect_from_means(rows, source)
-    calib = full.restricted(MODEL_SHAPES)
+    calib = restrict_order_effect(full, MODEL_SHAPES)
     commit = environment()["git_commit"]
 
     by_key = {(r["shape"], r["tokens"], r["schedule"], r["kind"]): r for r in rows}
@@ -104,7 +105,7 @@ def main() -> None:
     lines.append(markdown_table(table, list(table[0])))
 
     if not a.no_kernels:
-        base_costs = load_default_costs("moe").calibrated_on(MODEL_SHAPES)
+        base_costs = costs_calibrated_on(load_default_costs("moe"), MODEL_SHAPES)
         with_costs = dataclasses.replace(base_costs, order=calib)
         without_costs = dataclasses.replace(base_costs, order=None)
         path = remote_path(load_default_profile("host").params)

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from xstage.calibrate.tilemodel import fit_tile_model
 from xstage.results.io import read_rows, write_csv_atomic
 from xstage.sched.costs import TaskCosts
-from xstage.sched.tilecost import KINDS, fit_tile_model
+from xstage.sched.tilecost import KINDS
 
 TILES = "benchmarks/results/h200-moe-tiles/moe-tiles.csv"
 CALIBRATION = ("H4096-I2048-E256-K6", "H1152-I4608-E8-K2")

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from tests.sched.test_plan_inputs import _fails
+from xstage.calibrate.tilemodel import costs_calibrated_on, fit_tile_model
 from xstage.calibrate.tiles import tile_model_of
 from xstage.errors import InputError
 from xstage.sched.costs import KindCost, TaskCosts, load_default_costs
 from xstage.sched.moe import MoeConfig, moe_work
-from xstage.sched.tilecost import TileModel, fit_tile_model, tile_work, units_per_expert
+from xstage.sched.tilecost import TileModel, tile_work, units_per_expert
 from xstage.spec.schedule import KIND_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,7 +192,7 @@ def test_embedded_costs_carry_a_model_fitted_on_the_calibration_shapes_only():
 
 def test_costs_calibrated_on_shapes_keep_only_their_traces():
     full = load_default_costs("moe")
-    cal = full.calibrated_on(CALIBRATION)
+    cal = costs_calibrated_on(full, CALIBRATION)
     assert {r["shape"] for r in cal.table} == set(CALIBRATION) and not cal.kinds
     assert cal.tile_model == fit_tile_model(full.table, shapes=CALIBRATION)
     # fetch_ns: the median gap of the calibration shapes' runs (4 token counts per shape, in trace order).
@@ -203,7 +204,7 @@ def test_costs_calibrated_on_shapes_keep_only_their_traces():
     assert cal.tile_ns("linear1", L1, held_out, 64.0, 1.0) == cal.tile_model.tile_ns("linear1", held_out, L1, 64.0)
     assert TaskCosts.from_dict(cal.to_dict()) == cal
     with pytest.raises(InputError, match="shapes="):
-        full.calibrated_on(["H1024-I512-E8-K2"])
+        costs_calibrated_on(full, ["H1024-I512-E8-K2"])
 
 
 def test_calibration_fits_the_model_when_the_traces_allow(capsys, tmp_path):

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from xstage.calibrate.ordereffect import order_effect_from_means
+from xstage.calibrate.tilemodel import fit_tile_model
 from xstage.env import environment
 from xstage.errors import InputError
 from xstage.moe.fused import launch_main, launch_reduce, plan
 from xstage.moe.problem import Problem
 from xstage.sched.costs import KindCost, TaskCosts, fit_kind  # noqa: F401
 from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, task_work
-from xstage.sched.ordercost import BASELINE, order_effect_from_means
-from xstage.sched.tilecost import fit_tile_model
+from xstage.sched.ordercost import BASELINE
 from xstage.spec.moe import CALIBRATION_SHAPES, MODEL_SHAPES, REPORT_SHAPES, MoeShape, parse_block  # noqa: F401
 from xstage.spec.schedule import DISPATCH, KIND_NAMES, LINEAR1, LINEAR2, check_schedule
 

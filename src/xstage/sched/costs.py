@@ -27,8 +27,7 @@ import numpy as np
 from xstage.errors import InputError
 from xstage.results.io import read_json
 from xstage.sched.ordercost import OrderEffect
-from xstage.sched.tilecost import TileModel, fit_tile_model
-from xstage.spec.moe import MoeShape
+from xstage.sched.tilecost import TileModel
 
 
 def _number(v, field: str, positive: bool = True) -> float:
@@ -104,25 +103,6 @@ class TaskCosts:
         xs = np.log([max(p[0], 1e-9) for p in pts])
         return float(np.interp(np.log(max(rows_per_expert, 1e-9)), xs, [p[1] for p in pts]))
 
-    def calibrated_on(self, shapes) -> TaskCosts:
-        """These costs as if only `shapes` had been traced: their table rows, the tile model refitted on
-        them, `fetch_ns` from their runs' gaps where the provenance lists them per run, their order effect,
-        and no per-kind fits (those were fitted over every traced shape). For planner evaluations on
-        held-out shapes."""
-        wanted = [str(MoeShape.parse(s, "shapes")) for s in shapes]
-        if not wanted:
-            raise InputError("shapes=[]: give at least one calibration shape")
-        table = [r for r in self.table if r["shape"] in wanted]
-        model = fit_tile_model(table, shapes=wanted)
-        prov = {"calibrated_on": wanted, "from": self.provenance}
-        gaps = _gaps_of_shapes(self.provenance, wanted)
-        if gaps:
-            prov["fetch_ns"] = "median gap of these shapes' runs"
-        else:
-            prov["fetch_ns"] = "median gap of every traced shape's runs (no gaps per run in the provenance)"
-        order = self.order.restricted(wanted) if self.order is not None else None
-        return TaskCosts(self.kernel, {}, prov, {"tile_model": model.quality}, table,
-                         fetch_ns=float(np.median(gaps)) if gaps else self.fetch_ns, tile_model=model, order=order)
 
     def cost(self, kind: str, block: str | None = None) -> KindCost:
         """The cost of `kind`, measured at tile config `block` when given (keys `kind@block`).

@@ -25,13 +25,13 @@ order) has factor 1; `lag:k` without traces takes the traced lag nearest in log(
 Occupancy: a tile also runs faster while fewer CTAs compute beside it (more of L2 and HBM for each),
 by `idle_speedup` (kappa) x the share of CTAs not computing. Points traced with their runs' busy
 shares (CTA time inside tasks over CTAs x span; `[rows, ratio, busy, baseline busy]`) fit kappa
-(`fit_idle_speedup`: within one shape, kind and rows per expert the interleaving orders share one L2
-effect, so their ratios differ by their busy shares alone), and the factor above is taken without that
-difference. The simulator plays each kernel's own occupancy instead (`occupancy_factor`, 1 at
-`reference_busy`, the traced `expert_wave` kernels' busy share; `KernelWork.occupancy`), held at the
-lowest traced busy share below it: EP > 1 kernels bound by the store link keep most CTAs waiting
-(busy shares far below any trace), and the linear term taken there made their tiles up to twice as
-fast.
+(`xstage.calibrate.ordereffect.fit_idle_speedup`: within one shape, kind and rows per expert the
+interleaving orders share one L2 effect, so their ratios differ by their busy shares alone), and the
+factor above is taken without that difference. The simulator plays each kernel's own occupancy
+instead (`occupancy_factor`, 1 at `reference_busy`, the traced `expert_wave` kernels' busy share;
+`KernelWork.occupancy`), held at the lowest traced busy share below it: EP > 1 kernels bound by the
+store link keep most CTAs waiting (busy shares far below any trace), and the linear term taken there
+made their tiles up to twice as fast.
 
 Example:
     >>> eff = OrderEffect({"interleaved": {"H4096-I2048-E256-K6": {"linear1": [(96.0, 1.0), (384.0, 1.2)]}}})
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -177,16 +176,6 @@ class OrderEffect:
         w = min(1.0, max(0.0, (sum(weight_bytes(shape, elem_bytes)) - w1_ref) / w2_ref))
         return 1.0 + w * (self._interp(per_shape[ref][kind], rows_per_expert) - 1.0)
 
-    def restricted(self, shapes) -> OrderEffect | None:
-        """The effect as if only `shapes` had been traced (None where none of them was), its occupancy
-        term refitted on their points."""
-        keep = {str(MoeShape.parse(s)) for s in shapes}
-        ratios = {sch: {s: k for s, k in per.items() if s in keep} for sch, per in self.ratios.items()}
-        ratios = {sch: per for sch, per in ratios.items() if per}
-        if not ratios:
-            return None
-        return with_occupancy(OrderEffect(ratios, {"restricted_to": sorted(keep), "from": self.provenance}))
-
     def to_dict(self) -> dict:
         return {"ratios": {sch: {s: {k: [list(p) for p in pts] for k, pts in kinds.items()}
                                  for s, kinds in per.items()} for sch, per in self.ratios.items()},
@@ -205,70 +194,3 @@ class OrderEffect:
             raise InputError(f"{source}: {exc}") from None
 
 
-def fit_idle_speedup(effect: OrderEffect) -> tuple[float, float]:
-    """(idle_speedup, reference_busy) from the points that carry busy shares: within one shape, kind and
-    rows per expert the interleaving orders share one L2 effect, so their ratios differ by their busy
-    shares alone: log ratio = c + log(1 - kappa (1 - busy)), least squares over kappa with one c per
-    group. reference_busy: the median busy share of the baseline runs. (0, 1): no busy shares."""
-    groups: dict = defaultdict(list)
-    base_busy = []
-    for per in effect.ratios.values():
-        for shape, kinds in per.items():
-            for kind, pts in kinds.items():
-                for p in pts:
-                    if len(p) == 4:
-                        groups[(shape, kind, p[0])].append((p[2], math.log(p[1])))
-                        base_busy.append(p[3])
-    groups = {k: v for k, v in groups.items() if len(v) > 1}
-    if not groups:
-        return 0.0, 1.0
-
-    def loss(kappa: float) -> float:
-        total = 0.0
-        for pts in groups.values():
-            res = np.array([y - math.log(1.0 - kappa * (1.0 - b)) for b, y in pts])
-            total += float(np.sum((res - res.mean()) ** 2))
-        return total
-
-    from scipy import optimize
-
-    kappa = float(optimize.minimize_scalar(loss, bounds=(0.0, 0.95), method="bounded").x)
-    return round(kappa, 4), round(float(np.median(base_busy)), 4)
-
-
-def with_occupancy(effect: OrderEffect) -> OrderEffect:
-    """`effect` with its occupancy term fitted on its own points (`fit_idle_speedup`)."""
-    kappa, ref = fit_idle_speedup(effect)
-    prov = dict(effect.provenance, idle_speedup_fitted_on=effect.shapes) if kappa > 0 else effect.provenance
-    return OrderEffect(effect.ratios, prov, kappa, ref)
-
-
-def order_effect_from_means(rows, provenance: dict | None = None) -> OrderEffect | None:
-    """The effect from traced mean tile times: rows with shape, rows_per_expert, schedule, kind and
-    mean_ns, where each (shape, rows per expert, kind) that has a non-baseline schedule also has its
-    `expert_wave` row (the same run). Rows with `busy` (the share of CTA time inside tasks in that run)
-    also fit the occupancy term (`fit_idle_speedup`). None when no row has another schedule."""
-    base: dict = {}
-    busy: dict = {}
-    for r in rows:
-        if r["schedule"] == BASELINE:
-            key = (str(MoeShape.parse(r["shape"])), float(r["rows_per_expert"]), r["kind"])
-            base[key] = float(r["mean_ns"])
-            if r.get("busy") not in (None, ""):
-                busy[key] = float(r["busy"])
-    ratios: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for r in rows:
-        if r["schedule"] == BASELINE:
-            continue
-        key = (str(MoeShape.parse(r["shape"])), float(r["rows_per_expert"]), r["kind"])
-        if key not in base:
-            raise InputError(f"order effect: {r['schedule']} {key[0]} at {key[1]:g} rows per expert ({key[2]}) "
-                             f"has no {BASELINE} row to compare with")
-        point = (key[1], float(r["mean_ns"]) / base[key])
-        if r.get("busy") not in (None, "") and key in busy:
-            point += (float(r["busy"]), busy[key])
-        ratios[r["schedule"]][key[0]][key[2]].append(point)
-    if not ratios:
-        return None
-    return with_occupancy(OrderEffect({s: {sh: dict(k) for sh, k in per.items()} for s, per in ratios.items()},
-                                      provenance or {}))
