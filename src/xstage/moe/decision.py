@@ -135,11 +135,12 @@ def _make(buf, schedule: str, pacing, ctas: int, hi: int) -> MoEDecision:
     forced_pacing = forced is not None and pacing == AUTO and forced.pacing not in (None, AUTO)
     order = forced.schedule if forced_schedule else (None if chosen_per_call else schedule)
     dtype = "fp8" if buf.fp8 else "bf16"
+    cfg = buffer_config(buf, hi)  # what the planner predicts for this bucket
     planner: list[Decision] = []
     if forced_pacing:
         chosen = resolve_pacing(forced.pacing, buf.store_path, buf.R)
     elif pacing == AUTO:
-        d = choose_pacing(buffer_config(buf, hi), buf.store_path, ctas, order, dtype=dtype,
+        d = choose_pacing(cfg, buf.store_path, ctas, order, dtype=dtype,
                           calibration=buf.calibration)  # order None: jointly with the schedule
         planner.append(d)
         chosen = pacing_of(d, buf.store_path, buf.R)
@@ -147,7 +148,7 @@ def _make(buf, schedule: str, pacing, ctas: int, hi: int) -> MoEDecision:
         chosen = pacing
     if order is None:
         if schedule == PLANNED:
-            d = choose_schedule(buffer_config(buf, hi), buf.store_path, ctas, chosen, dtype=dtype,
+            d = choose_schedule(cfg, buf.store_path, ctas, chosen, dtype=dtype,
                                 calibration=buf.calibration)
             planner.append(d)
             order = check_schedule(d.choice)
