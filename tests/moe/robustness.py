@@ -99,14 +99,14 @@ def worker(rank, world, init_file, result_file, case):
             t0 = time.monotonic()
             try:
                 if case.get("die") == "during" and rank == world - 1:
-                    # Leave inside the call, once the group has met at its barrier: the peers' kernels
-                    # then wait for this rank's rows and completion signal (a short call could finish
-                    # before a timed exit, and the interpreter finishes a call before returning).
+                    # Stop answering inside the call, once the group has met at its barrier: the peers'
+                    # kernels then wait for this rank's rows and completion signal (a short call could
+                    # finish before a timed stop, and the interpreter finishes a call before returning).
                     buf.x_buf[: x.shape[0]].copy_(x)
                     buf.idx_buf.fill_(-1)
                     buf.idx_buf[: x.shape[0]].copy_(idx)
                     buf.barrier()
-                    os._exit(0)
+                    _stop_answering(result_file, rank, world)
                 bad = case.get("bad_input_rank") == rank and not rec_count(out, kind)
                 idx_in, w_in = idx, w
                 if bad and case.get("bad_input", "expert_id") == "expert_id":  # an expert id out of range
@@ -144,6 +144,23 @@ def worker(rank, world, init_file, result_file, case):
         dist.destroy_process_group()
     except Exception:  # a peer died: nothing left to tear down cleanly
         pass
+
+
+def _stop_answering(result_file, rank, world, cap_s=120.0):
+    """A rank that stops answering mid-call: it never launches its kernels, and its process stays until every
+    peer has written a record (at most `cap_s`), then exits.
+
+    A rank that stops answering is what the device watchdog names. A process that exits while its peers'
+    kernels still read and store into the memory it exported takes that memory with it: on the H200, with
+    ranks sharing the GPU, a survivor then faults with a CUDA illegal memory access, which no watchdog can
+    turn into an error (docs/failures.md). Tearing the group down after a crash is torchrun's part."""
+    t0 = time.monotonic()
+    peers = [r for r in range(world) if r != rank]
+    while time.monotonic() - t0 < cap_s:
+        if all(os.path.exists(f"{result_file}.{r}") and os.path.getsize(f"{result_file}.{r}") for r in peers):
+            break
+        time.sleep(0.2)
+    os._exit(0)
 
 
 def rec_count(out, kind: str) -> int:
