@@ -105,7 +105,12 @@ def worker(rank, world, init_file, result_file, case):
                     buf.x_buf[: x.shape[0]].copy_(x)
                     buf.idx_buf.fill_(-1)
                     buf.idx_buf[: x.shape[0]].copy_(idx)
-                    buf.barrier()
+                    try:
+                        buf.barrier()
+                    except XstageError:
+                        # The peers may still be compiling their first call when this rank's barrier watchdog
+                        # expires; its arrival is counted all the same, which is what their barrier waits for.
+                        pass
                     _stop_answering(result_file, rank, world)
                 bad = case.get("bad_input_rank") == rank and not rec_count(out, kind)
                 idx_in, w_in = idx, w
