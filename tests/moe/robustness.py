@@ -156,9 +156,9 @@ def _stop_answering(result_file, rank, world, cap_s=120.0):
     peer has written a record (at most `cap_s`), then exits.
 
     A rank that stops answering is what the device watchdog names. A process that exits while its peers'
-    kernels still read and store into the memory it exported takes that memory with it: on the H200, with
-    ranks sharing the GPU, a survivor then faults with a CUDA illegal memory access, which no watchdog can
-    turn into an error (docs/failures.md). Tearing the group down after a crash is torchrun's part."""
+    kernels still read and store into the memory it exported takes that memory with it, and no watchdog can
+    turn the illegal address that follows into an error (docs/failures.md); tearing the group down after a
+    crash is torchrun's part. So this rank stays until its peers have reported."""
     t0 = time.monotonic()
     peers = [r for r in range(world) if r != rank]
     while time.monotonic() - t0 < cap_s:

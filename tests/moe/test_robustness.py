@@ -60,7 +60,12 @@ def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank(tmp_path
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("when", ["before", "during"])
+@pytest.mark.parametrize("when", [
+    "before",
+    # An open defect (docs/failures.md): one survivor faults with an illegal address after its timeout.
+    pytest.param("during", marks=pytest.mark.xfail(strict=True, reason="a survivor faults after timing out on a "
+                                                                        "rank that stopped mid-call (open defect)")),
+])
 def test_a_dead_rank_is_named_within_60_s_on_one_gpu(tmp_path, when):
     # buf.check() after the call: the asynchronous check's error, read synchronously (the call that
     # raises it by itself is in tests/moe/test_async_check.py)
