@@ -358,3 +358,30 @@ def test_tma_descriptors_are_kept_while_their_tensor_lives():
     del w, d
     gc.collect()
     assert not [k for k in buf._plans if k[0] == "tma"]  # gone with the tensor: no weight kept alive
+
+
+@pytest.mark.parametrize("T,E,K,H,I,R,path,dtype", [
+    pytest.param(24, 4, 3, 64, 64, 1, "hbm", torch.float32, id="R1-fp32"),
+    pytest.param(9, 8, 2, 64, 96, 2, "host", torch.float16, id="R2-host-fp16"),
+])
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+def test_concatenated_w1_read_in_place_gives_the_interleaved_result_bit_for_bit(T, E, K, H, I, R, path, dtype, tma):
+    # I / block_n1 >= 3 tiles: a kernel reading the wrong rows for either layout would mix gate and up rows.
+    x, idx, w, l1, l2 = _problem(T, E, K, H, I, R, dtype, seed=T + E)
+    cfg = dataclasses.replace(CFG, tma=tma)
+    buf = MoEBuffer(32, E, K, H, I, LoopbackGroup(R, path=path), device="cpu", dtype=dtype, config=cfg)
+    w1t, w2 = transform_weights(l1, l2, cfg.block_n1)
+    assert not torch.equal(w1t, l1)  # the two layouts differ at this shape
+    y_int = fused_moe(x, idx, w, w1t, w2, buf)
+    y_cat = fused_moe(x, idx, w, l1.contiguous(), w2, buf, w1_layout="concatenated")
+    assert torch.equal(y_cat, y_int)
+    torch.testing.assert_close(y_cat.double(), _reference(x, idx, w, l1, l2, R), **TOL[dtype])
+
+
+def test_bad_w1_layout_is_one_input_error():
+    E, K, H, I = 4, 2, 64, 32
+    x, idx, w, l1, l2 = _problem(4, E, K, H, I, 1, torch.float16, seed=3)
+    buf = MoEBuffer(8, E, K, H, I, LoopbackGroup(1), device="cpu", dtype=torch.float16, config=CFG)
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1)
+    with pytest.raises(InputError, match=r"w1_layout='transposed': must be one of interleaved, concatenated"):
+        fused_moe(x, idx, w, w1t, w2, buf, w1_layout="transposed")

@@ -275,7 +275,7 @@ def quantize_inputs(x, buf: MoEBuffer):
 
 
 def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = None, wait: bool = True,
-                trace: torch.Tensor | None = None, compile_only: bool = False):
+                trace: torch.Tensor | None = None, compile_only: bool = False, w1_layout: str = "interleaved"):
     """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
     On an FP8 buffer `x`, `w1t` and `w2` are (data, scale) pairs (`quantize_inputs`, `transform_weights`).
 
@@ -306,7 +306,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
         STAGE_SLOT=STAGE_POOL_SLOT,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
         TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, FP8=buf.fp8, WAIT=wait, USE_PTX=use_ptx,
-        TRACE=trace is not None, **opts,
+        TRACE=trace is not None, W1_CONCAT=w1_layout == "concatenated", **opts,
         # The FP8 Linear-2 loop takes two K blocks per step: one stage fewer keeps its shared memory
         # within the Linear-1 loop's (3 x 64 KiB against 4 x 48 KiB at the default tiles).
         PAIR_STAGES=max(1, c.num_stages - 1),
@@ -356,7 +356,7 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
 
 
 def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns: int | None,
-                schedule: str | None = None) -> None:
+                schedule: str | None = None, w1_layout: str = "interleaved") -> None:
     """Compile both kernels, and the device plan's prologue for `schedule` (None: planned on the host),
     or load them from Triton's cache, before the group's barrier: a rank's first-call compile then never
     holds up its peers' waits. Once per buffer and pacing switch (the only launch-time choice that
@@ -368,7 +368,7 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
         from xstage.moe.device_plan import precompile_prologue  # it builds on this module
 
         precompile_prologue(buf, _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), num_ctas(buf), pacing))
-    key = ("compiled", pacing is not None)
+    key = ("compiled", pacing is not None, w1_layout)
     if key in buf._plans:
         return
     # The layout's shapes and types are what compilation needs: this rank's own routing stands in for
@@ -380,17 +380,31 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
     n2 = -(-buf.H // buf.cfg.block_n2)
     sched = make_schedule("expert_wave", [0], num_ctas(buf), buf.I // buf.cfg.block_n1, n2)
     p = _Plan(lay, sched, buf.device, buf.cfg.dynamic, pacing=pacing)
-    launch_main(x, w1t, w2, buf, p, timeout_ns, compile_only=True)
+    launch_main(x, w1t, w2, buf, p, timeout_ns, compile_only=True, w1_layout=w1_layout)
     y = torch.empty(topk_idx.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, compile_only=True)
     buf._plans[key] = True
 
 
 def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
-           timeout_ns: int | None = None, wait: bool = True, report: torch.Tensor | None = None) -> torch.Tensor:
+           timeout_ns: int | None = None, wait: bool = True, report: torch.Tensor | None = None,
+           w1_layout: str = "interleaved") -> torch.Tensor:
     """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
-    launch_main(x, w1t, w2, buf, p, timeout_ns, wait)
+    launch_main(x, w1t, w2, buf, p, timeout_ns, wait, w1_layout=w1_layout)
     return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, report=report)
+
+
+W1_LAYOUTS = ("interleaved", "concatenated")
+
+
+def check_w1_layout(w1_layout, buf: MoEBuffer) -> None:
+    """`fused_moe`'s `w1_layout`: one of `W1_LAYOUTS`, and `"interleaved"` on an FP8 buffer (its scale
+    rows follow `transform_weights`' layout)."""
+    if not isinstance(w1_layout, str) or w1_layout not in W1_LAYOUTS:
+        raise InputError(f"w1_layout={w1_layout!r:.40}: must be one of {', '.join(W1_LAYOUTS)}")
+    if buf.fp8 and w1_layout != "interleaved":
+        raise InputError(f"w1_layout={w1_layout!r}: an FP8 buffer takes transform_weights' (weights, scales) pairs, "
+                         "in the interleaved layout")
 
 
 def check_mode(check):
@@ -422,8 +436,11 @@ def _refused(exc: InputError, buf: MoEBuffer) -> InputError:
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
               timeout_ns: int | None = None, check="async", static: bool = False,
-              pacing="buffer", plan_on: str = "device") -> torch.Tensor:
-    """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`.
+              pacing="buffer", plan_on: str = "device", w1_layout: str = "interleaved") -> torch.Tensor:
+    """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`,
+    or, with `w1_layout="concatenated"`, it is the untransformed `[E, 2I, H]` (each expert's I gate rows,
+    then its I up rows: transformers' `gate_up_proj`), read in place with no copy (BF16, FP16 and FP32
+    buffers; FP8 takes `transform_weights`' pairs). Both layouts give the same `y`, bit for bit.
 
     FP8 (a buffer with `dtype="fp8"`): `x` is BF16 `[T, H]`, quantized here 1x128, or a pre-quantized
     pair `(x_fp8, x_scale)` (`x_scale` float32 `[T, H/128]`); `w1t` and `w2` are the `(weights,
@@ -477,6 +494,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
             raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' (static=True plans on the device)")
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
+        check_w1_layout(w1_layout, buf)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check is True)
         if not buf.loopback:
             _check_order_fits(schedule, buf, int(topk_idx.shape[0]), pacing)
@@ -491,7 +509,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     if not buf.loopback:
         _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf,
                     call_pacing(pacing, buf, int(rows.shape[0]), num_ctas(buf), schedule), timeout_ns,
-                    schedule if plan_on == "device" else None)
+                    schedule if plan_on == "device" else None, w1_layout)
         buf.x_buf[: rows.shape[0]].copy_(rows)
         if buf.fp8:
             buf.x_scale_buf[: rows.shape[0]].copy_(x[1])
@@ -507,7 +525,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     capturing = buf.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     report = buf.report_row() if check == "async" and not capturing else None
-    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns, report=report)
+    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns, report=report, w1_layout=w1_layout)
     if capturing:
         buf.captured(call)
     if check is True:

@@ -123,7 +123,17 @@ def _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready,
 
 @triton.jit
 def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I,
-             BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr):
+             BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr,
+             W1_CONCAT: tl.constexpr):
+    # Where a tile's gate and up rows are in an expert's 2I rows. Interleaved (`transform_weights`): gate
+    # block nb at nb * 2 BN1, its up block right after. Concatenated (the untransformed `[gate; up]`, as
+    # transformers' `gate_up_proj` holds it, read in place): gate block nb at nb BN1, up block I rows on.
+    if W1_CONCAT:
+        g_row = nb * BN1
+        up_off = I
+    else:
+        g_row = nb * 2 * BN1
+        up_off = BN1
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = tl.arange(0, BN1)
@@ -132,17 +142,20 @@ def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
     if TMA:
         # Whole [BM, BK] row blocks: rows past n_rows hold stale data that only reaches output rows
         # the epilogue masks (a GEMM row depends on its own input row only).
-        w_row = e * 2 * I + nb * 2 * BN1  # gate slab, then the up slab (interleaved layout)
+        w_row = e * 2 * I + g_row
         for k in range(0, H, BK):
             b_a = d_recv.load([prow, k])
             b_g = tl.dot(b_a, d_w1.load([w_row, k]).T, b_g)
-            b_u = tl.dot(b_a, d_w1.load([w_row + BN1, k]).T, b_u)
+            b_u = tl.dot(b_a, d_w1.load([w_row + up_off, k]).T, b_u)
     else:
         o_k = tl.arange(0, BK)
         p_a = p_recv + (prow + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
-        o_w = e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
+        o_w = e.to(tl.int64) * 2 * I * H + (g_row + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
         p_g = p_w1 + o_w  # [BK, BN1] gate slab
-        p_u = p_g + BN1 * H  # [BK, BN1] up slab (interleaved layout)
+        if W1_CONCAT:
+            p_u = p_g + I.to(tl.int64) * H  # [BK, BN1] up slab
+        else:
+            p_u = p_g + BN1 * H
         for _k in range(0, H, BK):
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
             b_g = tl.dot(b_a, tl.load(p_g), b_g)
@@ -213,7 +226,7 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
               TASK_COLS: tl.constexpr,
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
               TMA: tl.constexpr, PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr,
-              USE_PTX: tl.constexpr, TRACE: tl.constexpr):
+              USE_PTX: tl.constexpr, TRACE: tl.constexpr, W1_CONCAT: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -247,7 +260,7 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
                              p_act_scale, p_ready, H, I, BM, BN1, BK, TMA, USE_PTX)
             else:
                 _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
-                         TMA, USE_PTX)
+                         TMA, USE_PTX, W1_CONCAT)
         else:
             _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
                      p_comb_delta, p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
@@ -275,6 +288,7 @@ def moe_main_kernel(
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
     FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
+    W1_CONCAT: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -299,7 +313,7 @@ def moe_main_kernel(
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
                       p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
                       STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         t_lo = tl.load(p_cta_start + i_c)
@@ -309,7 +323,7 @@ def moe_main_kernel(
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
                       p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
                       STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE)
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:
