@@ -12,19 +12,19 @@ Algorithm, per experts module:
    rest by name (one `InputError` line, before any kernel runs): weights `gate_up_proj [E, 2I, H]`
    (gate rows, then up rows) and `down_proj [E, H, I]` in fp16, bf16 or fp32, a plain SwiGLU (SiLU
    gate), no biases, no transposed or row-interleaved layout, no quantized weights.
-2. Once per weight version: `transform_weights` into the kernel's layout, zero-padded where hidden or
-   intermediate is not a multiple of the kernel's tiles (zero rows and columns add nothing, so the
-   result is the unpadded one). The copy is cached; it is rebuilt when a weight's identity, storage,
-   version counter (in-place writes such as `load_state_dict`), dtype, device or shape changes
-   (`.to()`, `.half()`). The parameters are never touched, so `state_dict` and `save_pretrained`
-   write the original layout.
+2. Once per weight version: the kernel reads `gate_up_proj` in place, in transformers' own `[gate; up]`
+   layout (`fused_moe(w1_layout="concatenated")`), and `down_proj` as it is: no copy. Where hidden or
+   intermediate is not a multiple of the kernel's tiles, a zero-padded copy of both is made in the same
+   layouts (zero rows and columns add nothing, so the result is the unpadded one). A copy is cached; it
+   is rebuilt when a weight's identity, storage, version counter (in-place writes such as
+   `load_state_dict`), dtype, device or shape changes (`.to()`, `.half()`). The parameters are never
+   touched, so `state_dict` and `save_pretrained` write the original layout.
 3. Per call: pad the tokens' hidden size if needed, `fused_moe` in chunks of at most `max_tokens`
    tokens on a buffer shared by the model's blocks of one shape, cut the padding off.
 
-Memory: `gate_up_proj` is held twice, as the parameter and as its re-laid-out copy (see
-`_build_weights` for why it cannot be a view); `down_proj` is used in place unless it needs padding.
-`memory(model)` reports the copies' and the buffers' bytes; a log line at INFO on the logger
-`xstage.integrations.transformers` names each copy as it is made.
+Memory: no weight is held twice unless hidden or intermediate needs padding (or a parameter is not
+contiguous). `memory(model)` reports the copies' and the buffers' bytes; a log line at INFO on the
+logger `xstage.integrations.transformers` names each copy as it is made.
 
 Importing this module registers nothing (a registry of another library is written only when asked):
 call `register()` before `from_pretrained(..., experts_implementation="xstage")` or
@@ -64,7 +64,7 @@ from xstage.backend import refuse_interpreter_bf16
 from xstage.bounds import check_instance, check_int
 from xstage.dtypes import DTYPES
 from xstage.errors import InputError, XstageError
-from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
+from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe
 from xstage.spec.moe import MAX_TOKENS_PER_RANK
 from xstage.spec.schedule import check_schedule
 
@@ -74,7 +74,6 @@ EXTRA = "xstage[transformers]"
 TESTED = ((5, 17), (5, 18))  # [low, high)
 DEFAULT_MAX_TOKENS = 4096  # tokens per fused_moe call; longer calls run in chunks (the buffer grows to this)
 _MIN_TOKENS = 16  # the smallest buffer: decode steps of a few tokens share it
-_CHUNK_BYTES = 64 << 20  # transient memory of the weight transform, a few experts at a time
 
 LOG = logging.getLogger("xstage.integrations.transformers")
 
@@ -134,11 +133,14 @@ class _State:
         self.cfg = settings.config or BlockConfig()
         self.key = None  # the weights' signatures when w1t was built
         self.refs = None  # weak references to the parameters w1t was built from
-        self.w1t = self.w2 = None  # w2 None: down_proj is used in place
+        # What the kernel reads: detached aliases of the parameters, or padded copies. One object per weight
+        # version, so the launcher's TMA descriptors (kept while the tensor lives) are built once.
+        self.w1t = self.w2 = None
+        self.held = 0  # bytes of those that are copies, not aliases
         self.buf: MoEBuffer | None = None
 
     def extra_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.w1t, self.w2) if t is not None)
+        return self.held
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # experts module -> _State
@@ -241,42 +243,32 @@ def _fresh(module, st: _State) -> bool:
 
 
 def _build_weights(module, st: _State) -> None:
-    """The kernel's weights for the module's current parameters (`transform_weights`, padded).
-
-    Why a copy of `gate_up_proj` and not a view: the kernel finds a Linear-1 tile's up rows `block_n1`
-    rows after its gate rows (gate block b, up block b, gate block b + 1, ...), with one row stride; in
-    transformers' layout they are `I` rows apart, and no strided `[E, 2I, H]` view of those rows
-    gives the interleaved order unless I == block_n1, which no real width has. `down_proj` keeps its
-    layout in the kernel and is used in place (a detached alias, taken per call), unless hidden or
-    intermediate needs padding."""
+    """The kernel's weights for the module's current parameters: the parameters themselves (`w1t`, `w2`
+    None), or zero-padded copies in the same layouts where the sizes are off the tiles."""
     _check_module(module, st.name)  # dtype, device or shape may have changed with the weights
     st.w1t = st.w2 = st.key = st.refs = None  # the stale copy goes before the new one is made
+    st.held = 0
     l1, l2 = module.gate_up_proj.detach(), module.down_proj.detach()
     e, h, i, hp, ip = _dims(module, st.cfg)
-    padded = (hp, ip) != (h, i)
-    w1t = torch.empty(e, 2 * ip, hp, dtype=l1.dtype, device=l1.device)
-    w2 = torch.zeros(e, hp, ip, dtype=l2.dtype, device=l2.device) if padded or not l2.is_contiguous() else None
-    step = max(1, _CHUNK_BYTES // max(1, 2 * ip * hp * l1.element_size()))
-    for e0 in range(0, e, step):
-        e1 = min(e, e0 + step)
-        a, b = l1[e0:e1], l2[e0:e1]
-        if padded:
-            # Zero rows and columns: the padded hidden columns meet zero inputs, the padded intermediate
-            # rows give silu(0) * 0 = 0 activations, and down_proj's padded rows are cut off the output.
-            a = torch.zeros(e1 - e0, 2 * ip, hp, dtype=l1.dtype, device=l1.device)
-            a[:, :i, :h] = l1[e0:e1, :i]
-            a[:, ip:ip + i, :h] = l1[e0:e1, i:]
-            b = torch.zeros(e1 - e0, hp, ip, dtype=l2.dtype, device=l2.device)
-            b[:, :h, :i] = l2[e0:e1]
-        t1, t2 = transform_weights(a, b, st.cfg.block_n1)
-        w1t[e0:e1] = t1
-        if w2 is not None:
-            w2[e0:e1] = t2
-    st.w1t, st.w2 = w1t, w2
+    if (hp, ip) == (h, i):
+        st.w1t, st.w2 = l1.contiguous(), l2.contiguous()  # aliases, unless a parameter is not contiguous
+        st.held = sum(t.numel() * t.element_size() for t, p in ((st.w1t, l1), (st.w2, l2))
+                      if t.data_ptr() != p.data_ptr())
+    else:
+        # Zero rows and columns: the padded hidden columns meet zero inputs, the padded intermediate
+        # rows give silu(0) * 0 = 0 activations, and down_proj's padded rows are cut off the output.
+        w1 = torch.zeros(e, 2 * ip, hp, dtype=l1.dtype, device=l1.device)
+        w1[:, :i, :h] = l1[:, :i]
+        w1[:, ip:ip + i, :h] = l1[:, i:]
+        w2 = torch.zeros(e, hp, ip, dtype=l2.dtype, device=l2.device)
+        w2[:, :h, :i] = l2
+        st.w1t, st.w2 = w1, w2
+        st.held = sum(t.numel() * t.element_size() for t in (w1, w2))
     st.refs = (weakref.ref(module.gate_up_proj), weakref.ref(module.down_proj))
     st.key = tuple(_signature(p) for p in (module.gate_up_proj, module.down_proj))
-    LOG.info("%s: weights in xstage's layout, %.1f MiB held beside the parameters (gate_up_proj re-laid out%s)",
-             st.name, st.extra_bytes() / 2**20, ", down_proj padded" if w2 is not None else "; down_proj in place")
+    if st.extra_bytes():
+        LOG.info("%s: %.1f MiB of weights held beside the parameters (%s)", st.name, st.extra_bytes() / 2**20,
+                 "padded to the kernel's tiles" if (hp, ip) != (h, i) else "contiguous copies")
 
 
 def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
@@ -333,12 +325,12 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
         x = torch.nn.functional.pad(x, (0, hp - h))  # zero columns meet the weights' zero columns
     idx = top_k_index.contiguous()
     w = top_k_weights.to(torch.float32).contiguous()  # fp16/bf16 to fp32 is exact
-    w2 = st.w2 if st.w2 is not None else module.down_proj.detach()
+    w1, w2 = st.w1t, st.w2
     kwargs = {} if st.settings.schedule is None else {"schedule": st.settings.schedule}
     outs = []
     for s in range(0, tokens, buf.T_max):
         sl = slice(s, min(tokens, s + buf.T_max))
-        outs.append(fused_moe(x[sl], idx[sl], w[sl], st.w1t, w2, buf, **kwargs))
+        outs.append(fused_moe(x[sl], idx[sl], w[sl], w1, w2, buf, w1_layout="concatenated", **kwargs))
     y = outs[0] if len(outs) == 1 else torch.cat(outs)
     return y[:, :h].contiguous() if hp != h else y
 
