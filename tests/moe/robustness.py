@@ -111,7 +111,7 @@ def worker(rank, world, init_file, result_file, case):
                         # The peers may still be compiling their first call when this rank's barrier watchdog
                         # expires; its arrival is counted all the same, which is what their barrier waits for.
                         pass
-                    _stop_answering(result_file, rank, world)
+                    _stop_answering(result_file, rank, world, case)
                 bad = case.get("bad_input_rank") == rank and not rec_count(out, kind)
                 idx_in, w_in = idx, w
                 if bad and case.get("bad_input", "expert_id") == "expert_id":  # an expert id out of range
@@ -145,26 +145,36 @@ def worker(rank, world, init_file, result_file, case):
             first = next(iter(ys.values()))
             out.append({"case": f"{kind}/bitwise", "equal": all(torch.equal(y, first) for y in ys.values())})
     _write(result_file, rank, out)
+    _linger(result_file, rank, world, case)
     try:
         dist.destroy_process_group()
     except Exception:  # a peer died: nothing left to tear down cleanly
         pass
 
 
-def _stop_answering(result_file, rank, world, cap_s=120.0):
-    """A rank that stops answering mid-call: it never launches its kernels, and its process stays until every
-    peer has written a record (at most `cap_s`), then exits.
+def _linger(result_file, rank, world, case, cap_s=120.0):
+    """Mark this rank done, then stay until every rank still in the group is done (at most `cap_s`).
 
-    A rank that stops answering is what the device watchdog names. A process that exits while its peers'
-    kernels still read and store into the memory it exported takes that memory with it, and no watchdog can
-    turn the illegal address that follows into an error (docs/failures.md); tearing the group down after a
-    crash is torchrun's part. So this rank stays until its peers have reported."""
+    A process that exits while its peers' kernels still read and store into the memory it exported takes
+    that memory with it, and no watchdog can turn the illegal address that follows into an error
+    (docs/failures.md). When a rank stops answering, the survivors' watchdogs fire at different times, so
+    the first survivor to report must not exit while the other still waits on it. A rank that died
+    before the call (`die="before"`) never reports and is not waited for."""
+    open(f"{result_file}.{rank}.done", "w").close()
+    gone = world - 1 if case.get("die") == "before" else None
+    peers = [r for r in range(world) if r not in (rank, gone)]
     t0 = time.monotonic()
-    peers = [r for r in range(world) if r != rank]
     while time.monotonic() - t0 < cap_s:
-        if all(os.path.exists(f"{result_file}.{r}") and os.path.getsize(f"{result_file}.{r}") for r in peers):
-            break
+        if all(os.path.exists(f"{result_file}.{r}.done") for r in peers):
+            return
         time.sleep(0.2)
+
+
+def _stop_answering(result_file, rank, world, case):
+    """A rank that stops answering mid-call: it never launches its kernels, and its process stays until every
+    peer is done (`_linger`), then exits. A rank that stops answering is what the device watchdog names;
+    tearing the group down after a crash is torchrun's part."""
+    _linger(result_file, rank, world, case)
     os._exit(0)
 
 

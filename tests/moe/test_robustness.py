@@ -62,8 +62,10 @@ def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("when", [
     "before",
-    # An open defect (docs/failures.md): one survivor faults with an illegal address after its timeout.
-    pytest.param("during", marks=pytest.mark.xfail(strict=True, reason="a survivor faults after timing out on a "
+    # Failed on the H200 with one survivor faulting (docs/failures.md). Suspected cause: the first survivor to
+    # report exited while the other's kernels still used its memory; every rank now lingers until the
+    # others are done (`robustness._linger`), not yet run on the GPU. Strict: it fails the suite once it passes.
+    pytest.param("during", marks=pytest.mark.xfail(strict=True, reason="a survivor faulted after timing out on a "
                                                                         "rank that stopped mid-call (open defect)")),
 ])
 def test_a_dead_rank_is_named_within_60_s_on_one_gpu(tmp_path, when):
