@@ -246,7 +246,7 @@ def test_register_is_idempotent_and_import_registers_nothing():
     code = ("import xstage.integrations.transformers\nfrom transformers.integrations.moe import ExpertsInterface\n"
             "print('xstage' in ExpertsInterface._global_mapping)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={"PYTHONPATH": str(Path(xt.__file__).parents[2]), "TRITON_INTERPRET": "1", "PATH": ""})
+                         env={"PYTHONPATH": str(Path(xt.__file__).parents[3]), "TRITON_INTERPRET": "1", "PATH": ""})
     assert out.stdout.strip() == "False", out.stderr[-2000:]
 
 

@@ -1,51 +1,33 @@
-"""xstage's fused MoE layer as a transformers experts backend: `experts_implementation="xstage"`.
+"""The experts backend: `experts_implementation="xstage"` runs each experts module on `fused_moe`.
 
 Problem: a transformers 5 MoE block computes its router output (`top_k_index`, `top_k_weights`) and
 hands it, with the tokens, to its experts module, whose forward is looked up by name in transformers'
-experts registry (`ExpertsInterface`). This module adds the name `"xstage"` there: every experts
-module of a model set to it then runs `fused_moe` on a group of one (EP = 1) with the block's own
-routing and weights. The router, the shared experts (DeepSeek-V3) and everything else stay
+experts registry (`ExpertsInterface`). `register()` adds the name `"xstage"` there: every experts
+module of a model set to it then runs `fused_moe` with the block's own routing and weights, on a group
+of one (EP = 1), or, once `expert_parallel` has sharded it (`xstage.integrations.transformers.parallel`),
+on that torch.distributed group. The router, the shared experts (DeepSeek-V3) and everything else stay
 transformers' own.
 
 Algorithm, per experts module:
-1. Once (at `prepare` or the module's first call): check what the kernel can honour and refuse the
-   rest by name (one `InputError` line, before any kernel runs): weights `gate_up_proj [E, 2I, H]`
-   (gate rows, then up rows) and `down_proj [E, H, I]` in fp16, bf16 or fp32, a plain SwiGLU (SiLU
-   gate), no biases, no transposed or row-interleaved layout, no quantized weights.
+1. Once (at `prepare`, `expert_parallel` or the module's first call): check what the kernel can honour
+   and refuse the rest by name (one `InputError` line, before any kernel runs): weights
+   `gate_up_proj [E, 2I, H]` (gate rows, then up rows) and `down_proj [E, H, I]` in fp16, bf16 or fp32,
+   a plain SwiGLU (SiLU gate), no biases, no transposed or row-interleaved layout, no quantized weights.
 2. Once per weight version: the kernel reads `gate_up_proj` in place, in transformers' own `[gate; up]`
    layout (`fused_moe(w1_layout="concatenated")`), and `down_proj` as it is: no copy. Where hidden or
    intermediate is not a multiple of the kernel's tiles, a zero-padded copy of both is made in the same
    layouts (zero rows and columns add nothing, so the result is the unpadded one). A copy is cached; it
    is rebuilt when a weight's identity, storage, version counter (in-place writes such as
-   `load_state_dict`), dtype, device or shape changes (`.to()`, `.half()`). The parameters are never
-   touched, so `state_dict` and `save_pretrained` write the original layout.
-3. Per call: pad the tokens' hidden size if needed, `fused_moe` in chunks of at most `max_tokens`
-   tokens on a buffer shared by the model's blocks of one shape, cut the padding off.
+   `load_state_dict`), dtype, device or shape changes (`.to()`, `.half()`). At EP = 1 the parameters
+   are never touched, so `state_dict` and `save_pretrained` write the original layout.
+3. Per call: pad the tokens' hidden size if needed, run `fused_moe` on a buffer shared by the model's
+   blocks of one shape, cut the padding off. At EP = 1 a call runs in chunks of at most `max_tokens`
+   tokens; on a group every rank makes exactly one kernel call per experts call (the group's barrier),
+   and a call of more than `max_tokens` tokens is refused on every rank.
 
 Memory: no weight is held twice unless hidden or intermediate needs padding (or a parameter is not
-contiguous). `memory(model)` reports the copies' and the buffers' bytes; a log line at INFO on the
-logger `xstage.integrations.transformers` names each copy as it is made.
-
-Importing this module registers nothing (a registry of another library is written only when asked):
-call `register()` before `from_pretrained(..., experts_implementation="xstage")` or
-`model.set_experts_implementation("xstage")`.
-
-Example (CPU: Triton's interpreter, a tiny random model):
-    >>> import torch
-    >>> from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    >>> from xstage.integrations import transformers as xt
-    >>> from xstage.moe import BlockConfig
-    >>> xt.register()
-    >>> cfg = Qwen3MoeConfig(vocab_size=64, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
-    ...                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-    ...                      num_experts=4, num_experts_per_tok=2)
-    >>> model = Qwen3MoeForCausalLM(cfg).eval()
-    >>> model.set_experts_implementation("xstage")
-    >>> xt.prepare(model, config=BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32))
-    ['model.layers.0.mlp.experts']
-    >>> with torch.no_grad():
-    ...     model(torch.tensor([[1, 2, 3]])).logits.shape
-    torch.Size([1, 3, 64])
+contiguous). `memory(model)` reports the expert weights this rank holds, the copies' and the buffers'
+bytes; a log line at INFO on the logger `xstage.integrations.transformers` names each copy as it is made.
 """
 
 from __future__ import annotations
@@ -65,6 +47,7 @@ from xstage.bounds import check_instance, check_int
 from xstage.dtypes import DTYPES
 from xstage.errors import InputError, XstageError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe
+from xstage.moe.fused import check_mode
 from xstage.spec.moe import MAX_TOKENS_PER_RANK
 from xstage.spec.schedule import check_schedule
 
@@ -72,7 +55,7 @@ NAME = "xstage"
 EXTRA = "xstage[transformers]"
 # The transformers releases this module was tested against: pyproject's `transformers` extra, kept equal.
 TESTED = ((5, 17), (5, 18))  # [low, high)
-DEFAULT_MAX_TOKENS = 4096  # tokens per fused_moe call; longer calls run in chunks (the buffer grows to this)
+DEFAULT_MAX_TOKENS = 4096  # tokens per fused_moe call: EP = 1 chunks longer calls, a group refuses them
 _MIN_TOKENS = 16  # the smallest buffer: decode steps of a few tokens share it
 
 LOG = logging.getLogger("xstage.integrations.transformers")
@@ -108,28 +91,60 @@ def register() -> None:
 @dataclass(frozen=True)
 class Settings:
     """How a module's experts run: the kernel's tiles (`config`, None: `BlockConfig()`), the order
-    (`schedule`, None: `fused_moe`'s default) and the most tokens of one kernel call (`max_tokens`)."""
+    (`schedule`, None: `fused_moe`'s default), the most tokens of one kernel call (`max_tokens`) and
+    when the kernel's recorded errors are raised (`check`, as `fused_moe` takes it)."""
 
     config: BlockConfig | None = None
     schedule: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
+    check: bool | str = "async"
 
 
 @dataclass(frozen=True)
 class Memory:
     """Bytes xstage holds for a model: the weight copies in the kernel's layout (`weights`), the MoE
-    buffers (`buffers`, shared by blocks of one shape), and how many experts modules it serves."""
+    buffers (`buffers`, shared by blocks of one shape), how many experts modules it serves, and the
+    bytes of those modules' expert parameters (`gate_up_proj`, `down_proj`) on this rank (`experts`:
+    all of them at EP = 1, this rank's 1/R under `expert_parallel`)."""
 
     weights: int
     buffers: int
     modules: int
+    experts: int = 0
+
+
+@dataclass(frozen=True)
+class Shard:
+    """An experts module that `expert_parallel` sharded: its name, the group, this rank's place in it,
+    the block's whole expert count (the router's ids stay global), its top-k and its settings."""
+
+    name: str
+    group: object  # a torch.distributed ProcessGroup
+    rank: int
+    ranks: int
+    experts: int
+    topk: int
+    settings: Settings
+
+    @property
+    def local(self) -> int:
+        """Experts this rank holds: [first, first + local)."""
+        return self.experts // self.ranks
+
+    @property
+    def first(self) -> int:
+        return self.rank * self.local
+
+    def describe(self) -> str:
+        return (f"holds experts [{self.first}, {self.first + self.local}) of {self.experts} (expert_parallel, "
+                f"rank {self.rank} of {self.ranks})")
 
 
 class _State:
     """What one experts module keeps: its name, settings and shape, the cached weights and their key."""
 
-    def __init__(self, name: str, settings: Settings):
-        self.name, self.settings = name, settings
+    def __init__(self, name: str, settings: Settings, shard: Shard | None = None):
+        self.name, self.settings, self.shard = name, settings, shard
         self.cfg = settings.config or BlockConfig()
         self.key = None  # the weights' signatures when w1t was built
         self.refs = None  # weak references to the parameters w1t was built from
@@ -144,6 +159,9 @@ class _State:
 
 
 _STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # experts module -> _State
+# Experts module -> its Shard, for as long as the module lives: its parameters hold only this rank's
+# experts, so the sharding outlives `release` (which drops the state and buffers, rebuilt from it).
+_SHARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # One buffer per shape, dtype, device and tiles: blocks of a model run one after another on one stream,
 # and a buffer resets its counters after every call, so they share it. Held by the states using it.
 _BUFFERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -207,9 +225,13 @@ def _check_module(module, name: str) -> None:
     if two_i % 2 or tuple(module.down_proj.shape) != (e, h, two_i // 2):
         raise _refuse(name, f"down_proj: shape {tuple(module.down_proj.shape)} does not match gate_up_proj "
                             f"{tuple(module.gate_up_proj.shape)} ([E, H, I] for [E, 2I, H])")
-    if getattr(module, "num_experts", e) != e:
+    shard = _SHARDS.get(module)
+    if shard is None and getattr(module, "num_experts", e) != e:
         raise _refuse(name, f"gate_up_proj: {e} experts held of num_experts={module.num_experts} (sharded by "
                             "transformers' expert parallelism; xstage runs every expert of the block here)")
+    if shard is not None and (e, getattr(module, "num_experts", shard.experts)) != (shard.local, shard.experts):
+        raise _refuse(name, f"gate_up_proj: {e} experts held, but this module {shard.describe()}: its parameters "
+                            f"must stay this rank's {shard.local} experts")
     if module.gate_up_proj.dtype != module.down_proj.dtype or module.gate_up_proj.device != module.down_proj.device:
         raise _refuse(name, f"down_proj: {module.down_proj.dtype} on {module.down_proj.device}, gate_up_proj "
                             f"{module.gate_up_proj.dtype} on {module.gate_up_proj.device}: they must match")
@@ -222,7 +244,8 @@ def _check_module(module, name: str) -> None:
 def _state(module) -> _State:
     st = _STATES.get(module)
     if st is None:
-        st = _State(type(module).__name__, Settings())
+        shard = _SHARDS.get(module)
+        st = _State(shard.name, shard.settings, shard) if shard else _State(type(module).__name__, Settings())
         _check_module(module, st.name)
         _STATES[module] = st
     return st
@@ -272,18 +295,28 @@ def _build_weights(module, st: _State) -> None:
 
 
 def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
+    """The module's buffer for a call of `tokens` tokens: at EP = 1 one that grows (by powers of two) up
+    to `max_tokens`; on a group one of exactly `max_tokens` tokens per rank, made at `expert_parallel`
+    (or at the first call after a dtype or device change, on every rank alike: making one is a
+    collective of the group)."""
     e, _, _, hp, ip = _dims(module, st.cfg)
     dtype, device = module.gate_up_proj.dtype, module.gate_up_proj.device
-    key = (e, topk, hp, ip, dtype, device, st.cfg)
-    want = min(st.settings.max_tokens, max(_MIN_TOKENS, 1 << max(0, tokens - 1).bit_length()))
+    shard = st.shard
+    if shard is not None:
+        e, want, group = shard.experts, st.settings.max_tokens, shard.group
+    else:
+        want, group = min(st.settings.max_tokens, max(_MIN_TOKENS, 1 << max(0, tokens - 1).bit_length())), None
+    key = (e, topk, hp, ip, dtype, device, st.cfg, id(group), want if shard else None)
     for buf in (st.buf, _BUFFERS.get(key)):
-        if buf is not None and (buf.E, buf.K, buf.H, buf.I, buf.dtype, buf.device, buf.cfg) == key \
-                and buf.T_max >= want:
+        if buf is not None and (buf.E, buf.K, buf.H, buf.I, buf.dtype, buf.device, buf.cfg) == key[:7] \
+                and (buf.T_max == want if shard else buf.loopback and buf.T_max >= want) \
+                and (shard is None or buf.group is group and not buf.ctx.closed):
             st.buf = buf
             return buf
     st.buf = None  # a smaller buffer of this module goes before the larger one is made
     try:
-        buf = MoEBuffer(want, e, topk, hp, ip, LoopbackGroup(1), device=device, dtype=dtype, config=st.cfg)
+        buf = MoEBuffer(want, e, topk, hp, ip, group if shard else LoopbackGroup(1), device=device, dtype=dtype,
+                        config=st.cfg)
     except InputError as exc:
         raise _refuse(st.name, str(exc)) from None
     _BUFFERS[key] = st.buf = buf
@@ -312,6 +345,8 @@ def _check_call(module, st: _State, x, idx, w) -> None:
 
 def _run(module, hidden_states, top_k_index, top_k_weights):
     st = _state(module)
+    if st.shard is not None:
+        return _run_sharded(module, st, hidden_states, top_k_index, top_k_weights)
     _check_call(module, st, hidden_states, top_k_index, top_k_weights)
     if not _fresh(module, st):
         _build_weights(module, st)
@@ -332,6 +367,43 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
         sl = slice(s, min(tokens, s + buf.T_max))
         outs.append(fused_moe(x[sl], idx[sl], w[sl], w1, w2, buf, w1_layout="concatenated", **kwargs))
     y = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return y[:, :h].contiguous() if hp != h else y
+
+
+# The argument a rank refuses on behalf of the group (`CommContext.refuse`'s names), by the first word
+# of the refusal.
+_GROUP_ARGS = {"hidden_states": "x", "top_k_index": "topk_idx", "top_k_weights": "topk_weights",
+               "gate_up_proj": "w1t", "down_proj": "w2", "max_tokens": "tokens"}
+
+
+def _run_sharded(module, st: _State, hidden_states, top_k_index, top_k_weights):
+    """One experts call on a group: exactly one `fused_moe` call, which dispatches each token's rows to
+    the ranks owning its experts and combines them back. A refusal of this rank's call (its own tokens,
+    routing, gradients) stops the call on every rank rather than leaving the peers at the barrier."""
+    shard = st.shard
+    if not _fresh(module, st):
+        _build_weights(module, st)  # a change of the weights is every rank's: a refusal here is every rank's
+    _, h, _, hp, _ = _dims(module, st.cfg)
+    buf = _buffer(st, module, 0, shard.topk)
+    try:
+        _check_call(module, st, hidden_states, top_k_index, top_k_weights)
+        if top_k_index.shape[1] != shard.topk:
+            raise _refuse(st.name, f"top_k_index: top-{top_k_index.shape[1]}, the group's buffer takes "
+                                   f"top-{shard.topk} (config.num_experts_per_tok)")
+        if hidden_states.shape[0] > buf.T_max:
+            raise _refuse(st.name, f"max_tokens: {hidden_states.shape[0]} tokens in one call on rank {shard.rank}, "
+                                   f"over expert_parallel's max_tokens={buf.T_max} (every rank's buffer holds that "
+                                   "many; pass a larger max_tokens, or feed fewer tokens per forward)")
+    except InputError as exc:
+        arg = str(exc)[len(st.name) + 2:].split(" ", 1)[0].rstrip(":,")
+        buf.ctx.refuse(_GROUP_ARGS.get(arg, "x"))  # the peers' call stops at its barrier, naming this rank
+        raise
+    x = hidden_states.contiguous()
+    if hp != h:
+        x = torch.nn.functional.pad(x, (0, hp - h))  # zero columns meet the weights' zero columns
+    kwargs = {} if st.settings.schedule is None else {"schedule": st.settings.schedule}
+    y = fused_moe(x, top_k_index.contiguous(), top_k_weights.to(torch.float32).contiguous(), st.w1t, st.w2, buf,
+                  w1_layout="concatenated", check=st.settings.check, **kwargs)
     return y[:, :h].contiguous() if hp != h else y
 
 
@@ -378,6 +450,25 @@ def _experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
         hasattr(m, "is_transposed") or (type(m).__name__.endswith("Experts") and hasattr(m, "gate_up_proj")))]
 
 
+def make_settings(config, schedule, max_tokens, check="async") -> Settings:
+    """`Settings` from a caller's arguments, each checked (one `InputError` line naming it)."""
+    if config is not None:
+        check_instance(config, "config", BlockConfig, "a BlockConfig or None")
+    if schedule is not None:
+        check_schedule(schedule)
+    return Settings(config, schedule, check_int(max_tokens, "max_tokens", 1, MAX_TOKENS_PER_RANK,
+                                                "tokens of one kernel call"), check_mode(check))
+
+
+def served_modules(model) -> list[tuple[str, torch.nn.Module]]:
+    """`_experts_modules`, or one `InputError` line when the model has none."""
+    found = _experts_modules(model)
+    if not found:
+        raise InputError("model: no experts module runs experts_implementation='xstage' (register(), then "
+                         "model.set_experts_implementation('xstage'))")
+    return found
+
+
 def prepare(model, *, config: BlockConfig | None = None, schedule: str | None = None,
             max_tokens: int = DEFAULT_MAX_TOKENS) -> list[str]:
     """Check every experts module of `model` that runs `"xstage"`, and build its weights now; returns
@@ -385,18 +476,13 @@ def prepare(model, *, config: BlockConfig | None = None, schedule: str | None = 
     rather than the module. `config` (a `BlockConfig`), `schedule` and `max_tokens` are `Settings`."""
     require_transformers()
     check_instance(model, "model", torch.nn.Module, "a transformers model")
-    if config is not None:
-        check_instance(config, "config", BlockConfig, "a BlockConfig or None")
-    if schedule is not None:
-        check_schedule(schedule)
-    settings = Settings(config, schedule, check_int(max_tokens, "max_tokens", 1, MAX_TOKENS_PER_RANK,
-                                                    "tokens of one kernel call"))
-    found = _experts_modules(model)
-    if not found:
-        raise InputError("model: no experts module runs experts_implementation='xstage' (register(), then "
-                         "model.set_experts_implementation('xstage'))")
+    settings = make_settings(config, schedule, max_tokens)
+    found = served_modules(model)
     states = []
     for name, m in found:  # every module is checked before any is changed
+        if m in _SHARDS:
+            raise _refuse(name, f"{_SHARDS[m].describe()}: its settings are expert_parallel's (call prepare "
+                                "before expert_parallel, or not at all)")
         _check_module(m, name)
         states.append((m, _State(name, settings)))
     for m, st in states:
@@ -406,14 +492,29 @@ def prepare(model, *, config: BlockConfig | None = None, schedule: str | None = 
     return [name for name, _ in found]
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of the storage behind `t`: all of it stays allocated while a view of part of it lives."""
+    return t.untyped_storage().nbytes()
+
+
 def memory(model) -> Memory:
-    """Bytes xstage holds for `model`'s experts: weight copies and buffers (each buffer counted once)."""
-    states = [_STATES[m] for m in model.modules() if m in _STATES]
+    """Bytes xstage holds for `model`'s experts: weight copies and buffers (each buffer counted once),
+    and the expert parameters of the modules it serves, as this rank holds them."""
+    served = [m for m in model.modules() if m in _STATES]
+    states = [_STATES[m] for m in served]
     bufs = {id(st.buf): st.buf for st in states if st.buf is not None}
-    return Memory(sum(st.extra_bytes() for st in states), sum(b.total_bytes() for b in bufs.values()), len(states))
+    experts = sum(_nbytes(m.gate_up_proj) + _nbytes(m.down_proj) for m in served)
+    return Memory(sum(st.extra_bytes() for st in states), sum(b.total_bytes() for b in bufs.values()), len(states),
+                  experts)
 
 
 def release(model) -> None:
-    """Drop the weight copies, buffers and settings xstage holds for `model` (rebuilt at the next call)."""
-    for m in model.modules():
-        _STATES.pop(m, None)
+    """Drop the weight copies, buffers and settings xstage holds for `model` (rebuilt at the next call).
+    A module sharded by `expert_parallel` stays sharded, with its settings; its group's buffers are freed
+    once no module uses them, so every rank of the group must call `release` alike (the next call makes
+    them again, a collective)."""
+    dropped = [st for st in (_STATES.pop(m, None) for m in model.modules()) if st is not None]
+    kept = {id(st.buf) for st in list(_STATES.values())}
+    for buf in {id(st.buf): st.buf for st in dropped if st.shard is not None and st.buf is not None}.values():
+        if id(buf) not in kept:
+            buf.ctx.close()  # its shared memory goes now, not when the last reference happens to go
