@@ -18,7 +18,7 @@ RAW = json.loads((resources.files("xstage.data") / CONSTANTS_JSON).read_text())
 
 
 def test_every_constant_names_its_experiment_its_results_and_why():
-    for part in ("hbm_path", "default_pacing", "exchange_candidates"):
+    for part in ("hbm_path", "default_pacing", "exchange_candidates", "remote_path", "unpaced_drain_fit"):
         assert {"why", "measured_in", "experiment"} <= set(RAW[part]), part
 
 
@@ -31,6 +31,15 @@ def test_the_planner_uses_the_files_values():
     assert paced.budget == RAW["default_pacing"]["budget_bytes"]
     assert CANDIDATES == tuple(RAW["exchange_candidates"]["candidates"]) == c.exchange_candidates
     assert all(parse_exchange(x).mechanism != "auto" for x in CANDIDATES)
+    from xstage.sched.moe import remote_path
+
+    # a persistent kernel's per-SM window on the host link (the probe's is larger)
+    assert remote_path(moe_path_params("host")).c_sm == RAW["remote_path"]["held_store_window_bytes"]
+    from xstage.calibrate.interference import UNPACED_MAX_FOOTPRINT, UNPACED_SATURATING_STORERS
+
+    fit = RAW["unpaced_drain_fit"]
+    assert UNPACED_SATURATING_STORERS == fit["saturating_storers"]
+    assert UNPACED_MAX_FOOTPRINT == fit["max_footprint_bytes"]
 
 
 @pytest.mark.parametrize("edit,words", [
@@ -38,6 +47,8 @@ def test_the_planner_uses_the_files_values():
     (lambda d: d["hbm_path"].update(drain=float("nan")), "drain must be a finite number > 0"),
     (lambda d: d["default_pacing"].update(rate_factor=-1), "rate_factor must be a finite number > 0"),
     (lambda d: d["exchange_candidates"].update(candidates=[]), "non-empty list"),
+    (lambda d: d.pop("remote_path"), "expected hbm_path"),
+    (lambda d: d["unpaced_drain_fit"].update(saturating_storers=0), "saturating_storers must be a finite number > 0"),
 ])
 def test_a_malformed_file_is_one_line(edit, words):
     d = json.loads(json.dumps(RAW))

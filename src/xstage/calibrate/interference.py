@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from xstage.errors import InputError
 from xstage.model.interference import Interference
 from xstage.model.params import PathParams
+from xstage.sched.constants import planner_constants
 from xstage.sched.costs import TaskCosts
 from xstage.sched.moe import MoeConfig, moe_work
 from xstage.sched.simulate import simulate_kernel
@@ -132,8 +133,10 @@ def fit_interference(bystander_rows: Sequence[dict], busy_rows: Sequence[dict], 
     return best, out
 
 
-UNPACED_SATURATING_STORERS = 66  # storing CTAs whose unpaced tile bursts keep the host link busy
-UNPACED_MAX_FOOTPRINT = 256 << 20  # bytes: beyond it scattered rows cap the link whether paced or not
+# Which rows the unpaced drain is fitted on, with why (data: unpaced_drain_fit): storing CTAs whose unpaced
+# tile bursts keep the host link busy, and the footprint beyond which scattered rows cap the link anyway.
+UNPACED_SATURATING_STORERS = planner_constants().unpaced_saturating_storers
+UNPACED_MAX_FOOTPRINT = planner_constants().unpaced_max_footprint
 
 
 def unpaced_drain_from(rows: Sequence[dict]) -> tuple[float, int]:

@@ -5,7 +5,9 @@ folder that holds the measurement, and why the value is what it is:
 - `hbm_path`: the local-memory store path as the planner takes it (issue rate per SM, drain, SMs);
 - `default_pacing`: what `pacing="default"` means on a paced path (a factor of the path's drain and a
   budget in bytes);
-- `exchange_candidates`: the Ulysses exchanges `exchange="auto"` ranks.
+- `exchange_candidates`: the Ulysses exchanges `exchange="auto"` ranks;
+- `remote_path`: the per-SM window a persistent kernel's tasks can overlap (one vector store);
+- `unpaced_drain_fit`: which rows the unpaced drain of the interference term is fitted on.
 
 Example:
     >>> from xstage.sched.constants import planner_constants
@@ -34,6 +36,9 @@ class PlannerConstants:
     default_rate_factor: float  # x the path's drain
     default_budget: float  # B
     exchange_candidates: tuple[str, ...]
+    held_store_window: float  # B
+    unpaced_saturating_storers: int  # storing CTAs
+    unpaced_max_footprint: int  # B
     source: str
 
     @property
@@ -54,15 +59,21 @@ def constants_from_dict(d: dict, source: str) -> PlannerConstants:
     `InputError` naming `source` and the key."""
     try:
         hbm, pace, ex = d["hbm_path"], d["default_pacing"], d["exchange_candidates"]
+        remote, unpaced = d["remote_path"], d["unpaced_drain_fit"]
         cands = ex["candidates"]
     except (KeyError, TypeError):
-        raise InputError(f"{source}: expected hbm_path, default_pacing and exchange_candidates") from None
+        raise InputError(f"{source}: expected hbm_path, default_pacing, exchange_candidates, remote_path and "
+                         "unpaced_drain_fit") from None
     if not isinstance(cands, list) or not cands or not all(isinstance(c, str) for c in cands):
         raise InputError(f"{source}: exchange_candidates.candidates must be a non-empty list of exchange spellings")
     at_hbm, at_pace = f"{source} hbm_path", f"{source} default_pacing"
+    at_remote, at_unpaced = f"{source} remote_path", f"{source} unpaced_drain_fit"
     return PlannerConstants(_positive(hbm, "issue_rate", at_hbm), _positive(hbm, "drain", at_hbm),
                             int(_positive(hbm, "sms", at_hbm)), _positive(pace, "rate_factor", at_pace),
-                            _positive(pace, "budget_bytes", at_pace), tuple(cands), source)
+                            _positive(pace, "budget_bytes", at_pace), tuple(cands),
+                            _positive(remote, "held_store_window_bytes", at_remote),
+                            int(_positive(unpaced, "saturating_storers", at_unpaced)),
+                            int(_positive(unpaced, "max_footprint_bytes", at_unpaced)), source)
 
 
 @functools.cache

@@ -129,7 +129,7 @@ def moe_dtype_fields(dtype: str, hidden: int) -> dict:
                 block_k=c.block_k, dynamic=c.dynamic)
 
 
-HELD_STORE_WINDOW = 16.0  # bytes: one vector store
+HELD_STORE_WINDOW = planner_constants().held_store_window  # bytes: one vector store (data: remote_path)
 
 
 def remote_path(params: PathParams, pacing: StorePacing | None = None, unpaced_drain: float = 0.0) -> PathParams:
