@@ -334,7 +334,7 @@ def test_every_plan_and_demo_option_says_its_default():
     parsers = {f"plan {k}": p for k, p in _subparsers(top["plan"]).items()}
     parsers["demo"] = top["demo"]
     assert set(parsers) == {"plan moe", "plan ulysses", "plan exchange-costs", "plan attention-costs", "plan calibrate",
-                            "plan validate", "demo"}
+                            "plan validate", "plan layer", "plan layer-grid", "demo"}
     for name, p in parsers.items():
         for action in p._actions:
             if action.dest == "help":

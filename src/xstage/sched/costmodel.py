@@ -2,7 +2,8 @@
 which experiment measured that data and which results folder validates it.
 
 A MoE task's predicted time is built from six terms, applied in this order (`MOE_TERMS`); a Ulysses
-exchange's from five (`EXCHANGE_TERMS`). A new effect belongs to the term whose data measures it, or
+exchange's from five (`EXCHANGE_TERMS`); a whole Ulysses layer's from those and four more
+(`LAYER_TERMS`). A new effect belongs to the term whose data measures it, or
 becomes a new term here, with its data file, its experiment and its validation. The docs' cost-model
 page lists the same terms (a test holds the two equal).
 
@@ -77,4 +78,23 @@ EXCHANGE_TERMS: tuple[Term, ...] = (
          "xstage probe + xstage fit", ("h200-host-probe", "h200x2-nvlink")),
 )
 
-__all__ = ["EXCHANGE_TERMS", "MOE_TERMS", "Term"]
+LAYER_TERMS: tuple[Term, ...] = (
+    Term("layer bytes", "rank 0's bytes per exchange and direction (Q, K, V before attention: three times O's); a "
+         "transfer lasts as long as its larger direction (full-duplex links)", "xstage.sched.layer.layer_bytes",
+         (), "xstage plan layer", ("predictions-ulysses-layer",)),
+    Term("pre exchange", "Q, K and V sent by the copy engine before attention: the Triton core's copy fit, x0 + "
+         "bytes / rate (rows already sequence-major); never measured", "xstage.sched.layer.predict_layer",
+         ("h200-ulysses-exchange-costs.json",), "xstage bench ulysses --grid calibration; xstage plan exchange-costs",
+         ("h200-ulysses-calibration", "predictions-ulysses-layer")),
+    Term("head-chunk pipeline", "both exchanges by head chunks on one copy queue (every chunk's Q, K, V first, each "
+         "O once its chunk is done); copies beside attention at the overlap fit, attention 1 + k times as long "
+         "while one runs, a once and z per chunk", "xstage.sched.layer.pipeline_ns",
+         ("h200-ulysses-exchange-costs.json",), "xstage bench ulysses --grid calibration; xstage plan exchange-costs",
+         ("h200-ulysses-calibration", "predictions-ulysses-layer")),
+    Term("peer rates", "on NVLink every copy rate is the host fit's times the peer profile's drain over the host's; "
+         "fixed costs and k kept (not validated)", "xstage.sched.layer.path_costs",
+         ("h200-ulysses-exchange-costs.json", "h200-nvlink-peer-profile.json"), "xstage probe + xstage fit",
+         ("h200x2-nvlink", "predictions-ulysses-layer")),
+)
+
+__all__ = ["EXCHANGE_TERMS", "LAYER_TERMS", "MOE_TERMS", "Term"]

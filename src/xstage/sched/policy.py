@@ -6,6 +6,9 @@ Three choices are open to the planner, and each has one function:
   jointly with it;
 - `choose_exchange`: the output exchange of a Ulysses attention call (`exchange="auto"`).
 
+`choose_layer` ranks the schemes of a whole Ulysses layer (both exchanges and attention) the same
+way; it is a prediction that no kernel asks for yet.
+
 The kernels call these functions directly (`xstage.moe.decision`, `xstage.attention.exchange`); no
 planner writes into a kernel module. Each returns a `Decision`: the choice, the predicted times of
 the alternatives, and what it stood on (store path, dtype, the calibration it used, and whether that
@@ -44,6 +47,7 @@ from xstage.model.interference import load_default_interference
 from xstage.sched.calibration import calibration_of
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import ExchangeCosts, default_exchange_costs, plan_exchange
+from xstage.sched.layer import LayerConfig, layer_bound, plan_layer
 from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, routes_rows
 from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import check_candidates, moe_path_params, plan_moe
@@ -64,7 +68,8 @@ KINDS = tuple(VALIDATED_PATHS)
 class Decision:
     """One choice of the planner.
 
-    `kind`: "schedule", "pacing" or "exchange"; `choice`: its spelling (a schedule name, a pacing spec
+    `kind`: "schedule", "pacing", "exchange" or "layer" (`choose_layer`, a prediction no kernel asks
+    for yet); `choice`: its spelling (a schedule name, a pacing spec
     of `xstage.spec.pacing`, an exchange of `xstage.spec.exchange`); `predicted_ns`: the alternatives
     as `(spelling, predicted ns)`, fastest first as the planner ranked them (for a joint pacing, the
     spelling is `SCHEDULE@PACING`); empty where nothing was predicted (`note` says why). `path`,
@@ -213,6 +218,28 @@ def choose_exchange(heads: int, dim: int, tokens: int, ranks: int, *, path: str,
     return _decided(_exchange(heads, dim, tokens, ranks, path, dtype, costs, cal))
 
 
+def choose_layer(heads: int, dim: int, tokens: int, ranks: int, *, path: str, dtype: str, batch: int = 1,
+                 schemes: Sequence[str] | None = None, costs: ExchangeCosts | None = None) -> Decision:
+    """The scheme of a whole Ulysses layer (pre exchange, attention, post exchange) with the lowest
+    predicted time for rank 0 (`xstage.sched.layer`): today's exchanges with the pre exchange before
+    them, and head-chunk pipelines of both exchanges (`heads:CORE:C`). A prediction only: no kernel
+    overlaps the pre exchange yet, so `exchange="auto"` does not call it, and no prediction of it has
+    been measured (`validated` is False; `note` gives the layer's lower bound). `costs`: host-path
+    exchange costs (default: the embedded fit)."""
+    path = _check_path(path)
+    if costs is not None and not isinstance(costs, ExchangeCosts):
+        raise InputError(f"costs: expected ExchangeCosts or None, got {type(costs).__name__}")
+    cfg = LayerConfig(heads, dim, tokens, ranks, batch, path, dtype)
+    preds = plan_layer(cfg, schemes, costs)
+    bound = layer_bound(cfg, costs)
+    label = (f"given exchange costs ({costs.source or 'no source'})" if costs is not None
+             else "embedded H200 host-path exchange costs") + (", rates scaled to the peer profile" if path == "peer"
+                                                               else "")
+    return _decided(Decision("layer", preds[0].scheme, tuple((p.scheme, p.time_ns) for p in preds), path, dtype,
+                             label, False, f"lower bound {bound.time_ns / 1e3:.1f} us; the pre exchange and the "
+                             "head-chunk schemes are predicted, not measured"))
+
+
 def buffer_config(buf, tokens_per_rank: int) -> MoeConfig:
     """What the planner predicts for a MoE buffer (`xstage.moe.MoEBuffer`: its shape, group size,
     tiles and row pool) at `tokens_per_rank` tokens per rank."""
@@ -239,5 +266,5 @@ def pick_pacing_for_buffer(buf, tokens_per_rank: int, num_ctas: int, schedule: s
                          dtype="fp8" if buf.fp8 else "bf16", candidates=candidates).choice
 
 
-__all__ = ["KINDS", "VALIDATED_PATHS", "Decision", "buffer_config", "choose_exchange", "choose_pacing",
-           "choose_schedule", "pacing_of", "pick_for_moe_buffer", "pick_pacing_for_buffer"]
+__all__ = ["KINDS", "VALIDATED_PATHS", "Decision", "buffer_config", "choose_exchange", "choose_layer",
+           "choose_pacing", "choose_schedule", "pacing_of", "pick_for_moe_buffer", "pick_pacing_for_buffer"]
