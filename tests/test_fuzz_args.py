@@ -128,6 +128,10 @@ BASES = {
     ("plan", "moe"): [Base(PLAN_MOE)],
     ("plan", "ulysses"): [Base(("plan", "ulysses", "--heads", "24", "--dim", "128", "--tokens", "4096", "--ranks",
                                 "4", "--json"))],
+    ("plan", "layer"): [Base(("plan", "layer", "--heads", "24", "--dim", "128", "--tokens", "4096", "--ranks", "4",
+                              "--json"))],
+    ("plan", "layer-grid"): [Base(("plan", "layer-grid", "-o", "g", "--json")),
+                             Base(("plan", "layer-grid", "-o", "g", "--measured", "uly.csv", "--json"))],
     ("plan", "exchange-costs"): [Base(("plan", "exchange-costs", "-o", "x", "--json"), costly=True)],
     ("plan", "attention-costs"): [Base(("plan", "attention-costs", "uly.csv", "-o", "a", "--json"))],
     ("plan", "calibrate"): [Base(("plan", "calibrate", "-o", "new", "--json"), GPU)],
@@ -271,7 +275,7 @@ PATHS = {
     "-o": "out-folder", "--out": "out-folder", "--plot": "out-folder",
     "fit --output": "out-file", "plan moe --plot": "out-png",
     "--profile": "in", "--costs": "in", "--calibration": "in", "--data": "in", "--tuned-from": "in",
-    "fit data": "in", "results": "in",
+    "fit data": "in", "results": "in", "--measured": "in",
 }
 BAD_PATHS = {
     "out-folder": ["afile", "afile/sub", "fifo", "/dev/null", "", "moe.csv", "notes.png/x", "/proc/1/x"],
