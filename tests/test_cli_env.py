@@ -24,7 +24,8 @@ def test_env_json_reports_versions(capsys):
 
 @pytest.mark.parametrize("argv, choices", [
     ([], "give a COMMAND, one of env, probe, bench, model, fit, plan, demo"),
-    (["plan"], "give a KERNEL, one of moe, ulysses, exchange-costs, attention-costs, calibrate, validate"),
+    (["plan"], "give a KERNEL, one of moe, ulysses, exchange-costs, layer, layer-grid, attention-costs, calibrate, "
+               "validate"),
     (["bench"], "give a GRID, one of ulysses, moe, moe-calls"),
 ])
 def test_a_missing_subcommand_is_a_usage_error(argv, choices, capsys):
