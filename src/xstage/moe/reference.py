@@ -4,6 +4,9 @@ Problem: each of R ranks holds `x_r [T, H]` with top-k routing `topk_idx_r [T, K
 weights `topk_w_r [T, K]`; rank `q` owns experts `q*E/R .. (q+1)*E/R - 1` with Linear-1 weights
 `l1_q [E/R, 2I, H]` (rows `0..I-1` gate, `I..2I-1` up) and Linear-2 weights `l2_q [E/R, H, I]`.
 Output: `y_r[t] = sum_k w[t,k] * L2_e(silu(gate_e(x_t)) * up_e(x_t))` with `e = topk_idx_r[t,k]`.
+Optional expert biases (`b1 [E/R, 2I]`, gate then up, added before the activation; `b2 [E/R, H]`, added
+to each expert's output before the router weight multiplies it) and another gated activation
+(`activation`: `"silu"` or `xstage.spec.activation.ClampedSwiGLU`, GPT-OSS's clamped SwiGLU).
 
 Algorithm (explicit expert parallelism): all-to-all dispatch of routed rows to the owning ranks,
 per-expert GEMMs with SwiGLU, all-to-all combine back, top-k weighted sum, all in float32 (or the
@@ -30,23 +33,48 @@ import torch.distributed as dist
 
 from xstage.bounds import MAX_RANKS, check_instance, check_int
 from xstage.errors import InputError
+from xstage.spec.activation import SILU, check_activation
 
 
-def expert_mlp(x: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
-    """One expert: `x [M, H]`, `l1 [2I, H]`, `l2 [H, I]` -> `[M, H]` (SwiGLU between the GEMMs)."""
+def gated(gate: torch.Tensor, up: torch.Tensor, activation=SILU) -> torch.Tensor:
+    """The gated activation of `gate` and `up` (`xstage.spec.activation`)."""
+    activation = check_activation(activation)
+    if activation == SILU:
+        return torch.nn.functional.silu(gate) * up
+    g = gate.clamp(max=activation.limit)  # the gate is clamped from above only
+    u = up.clamp(min=-activation.limit, max=activation.limit)
+    return (u + 1) * (g * torch.sigmoid(activation.alpha * g))
+
+
+def expert_mlp(x: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor, b1: torch.Tensor | None = None,
+               b2: torch.Tensor | None = None, activation=SILU) -> torch.Tensor:
+    """One expert: `x [M, H]`, `l1 [2I, H]`, `l2 [H, I]`, optional biases `b1 [2I]`, `b2 [H]` -> `[M, H]`
+    (the gated `activation` between the GEMMs)."""
     inter = l1.shape[0] // 2
     h = x @ l1.t()  # [M, 2I]
-    act = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-    return act @ l2.t()
+    if b1 is not None:
+        h = h + b1
+    out = gated(h[:, :inter], h[:, inter:], activation) @ l2.t()
+    return out if b2 is None else out + b2
 
 
-def _expert_outputs(rows: torch.Tensor, experts: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor):
+def _expert_outputs(rows: torch.Tensor, experts: torch.Tensor, l1: torch.Tensor, l2: torch.Tensor,
+                    b1=None, b2=None, activation=SILU):
     """Rows received by one rank, `experts` their local expert ids -> expert outputs, same order."""
     out = torch.zeros(rows.shape[0], l2.shape[1], dtype=rows.dtype, device=rows.device)
     for e in torch.unique(experts).tolist():
         sel = experts == e
-        out[sel] = expert_mlp(rows[sel], l1[e], l2[e])
+        out[sel] = expert_mlp(rows[sel], l1[e], l2[e], None if b1 is None else b1[e], None if b2 is None else b2[e],
+                              activation)
     return out
+
+
+def _cast(t, dtype):
+    return None if t is None else t.to(dtype)
+
+
+def _rank(per_rank, q: int):
+    return None if per_rank is None else per_rank[q]
 
 
 def check_topk_idx(topk_idx: torch.Tensor, num_experts: int, label: str = "topk_idx") -> None:
@@ -63,9 +91,14 @@ def check_topk_idx(topk_idx: torch.Tensor, num_experts: int, label: str = "topk_
                              f"({num_experts} experts = local experts x ranks)")
 
 
-def reference_moe_virtual(xs, topk_idx, topk_w, l1, l2, dtype=torch.float32):
-    """R virtual ranks in one process: lists of per-rank tensors in, list of per-rank `y [T, H]` out."""
+def reference_moe_virtual(xs, topk_idx, topk_w, l1, l2, dtype=torch.float32, b1=None, b2=None, activation=SILU):
+    """R virtual ranks in one process: lists of per-rank tensors in, list of per-rank `y [T, H]` out.
+    `b1`, `b2` (optional) are lists of per-rank biases like `l1`, `l2`; `activation` as `expert_mlp`."""
     R = len(xs)
+    activation = check_activation(activation)
+    for name, b in (("b1", b1), ("b2", b2)):
+        if b is not None and len(b) != R:
+            raise InputError(f"{name}: {len(b)} tensors for {R} ranks (one per rank, or None)")
     e_local = l1[0].shape[0]
     if len(topk_idx) != R:
         raise InputError(f"topk_idx: {len(topk_idx)} tensors for {R} ranks (one per rank)")
@@ -87,7 +120,8 @@ def reference_moe_virtual(xs, topk_idx, topk_w, l1, l2, dtype=torch.float32):
     for q in range(R):
         rows = torch.cat([recv_rows[q][s][0] for s in range(R)])
         experts = torch.cat([recv_rows[q][s][1] for s in range(R)])
-        out = _expert_outputs(rows, experts, l1[q].to(dtype), l2[q].to(dtype))
+        out = _expert_outputs(rows, experts, l1[q].to(dtype), l2[q].to(dtype), _cast(_rank(b1, q), dtype),
+                              _cast(_rank(b2, q), dtype), activation)
         sizes = [recv_rows[q][s][0].shape[0] for s in range(R)]
         for s, chunk in enumerate(torch.split(out, sizes)):
             outs[s][q] = chunk
@@ -102,8 +136,11 @@ def reference_moe_virtual(xs, topk_idx, topk_w, l1, l2, dtype=torch.float32):
     return ys
 
 
-def reference_moe_dist(x, topk_idx, topk_w, l1, l2, group=None, dtype=torch.float32):
-    """This rank's `y [T, H]` over a process group (gloo or NCCL) with explicit all-to-alls."""
+def reference_moe_dist(x, topk_idx, topk_w, l1, l2, group=None, dtype=torch.float32, b1=None, b2=None,
+                       activation=SILU):
+    """This rank's `y [T, H]` over a process group (gloo or NCCL) with explicit all-to-alls; `b1`, `b2`
+    (optional) this rank's expert biases, `activation` as `expert_mlp`."""
+    activation = check_activation(activation)
 
     R = dist.get_world_size(group)
     e_local = l1.shape[0]
@@ -122,7 +159,8 @@ def reference_moe_dist(x, topk_idx, topk_w, l1, l2, group=None, dtype=torch.floa
     dist.all_to_all_single(recv_rows, send_rows.contiguous(), rc, sc, group=group)
     recv_exp = send_exp.new_empty(sum(rc))
     dist.all_to_all_single(recv_exp, send_exp, rc, sc, group=group)
-    out = _expert_outputs(recv_rows, recv_exp, l1.to(dtype), l2.to(dtype))
+    out = _expert_outputs(recv_rows, recv_exp, l1.to(dtype), l2.to(dtype), _cast(b1, dtype), _cast(b2, dtype),
+                          activation)
     back = out.new_empty(send_rows.shape)
     dist.all_to_all_single(back, out.contiguous(), sc, rc, group=group)
     comb = torch.empty(idx.numel(), x.shape[1], dtype=dtype, device=x.device)

@@ -8,4 +8,5 @@ a kernel or imports torch or Triton.
 - `exchange`: `Exchange`, the Ulysses output exchanges and their spellings (`parse_exchange`);
 - `ulysses`: `UlyssesPlan`, the head and token split of a Ulysses layer, and `overlap_blocks`;
 - `paths`: the store paths (`hbm`, `host`, `peer`).
+- `activation`: the experts' gated activation, `"silu"` or `ClampedSwiGLU` (GPT-OSS), and `check_activation`.
 """
