@@ -140,10 +140,10 @@ def _l1_lib(p_recv, p_rs, p_w1, p_w1s, p_act, p_as, p_ready, H, I, n_m, RPE: tl.
         mb = t // n1
         if FP8_TILE:
             _linear1_fp8(t, mb * BM // RPE, mb * BM, BM, t % n1, p_recv, p_recv, p_rs, p_w1, p_w1, p_w1s, p_act, p_as,
-                         p_ready, H, I, BM, BN1, BK, False, True)
-        else:
-            _linear1(t, mb * BM // RPE, mb * BM, BM, t % n1, p_recv, p_recv, p_w1, p_w1, p_act, p_ready, H, I, BM, BN1,
-                     BK, False, True)
+                         p_ready, H, I, BM, BN1, BK, False, True, False)
+        else:  # the interleaved layout, no biases, SwiGLU (p_w1 stands in for the unread bias pointer)
+            _linear1(t, mb * BM // RPE, mb * BM, BM, t % n1, p_recv, p_recv, p_w1, p_w1, p_act, p_ready, H, I, p_w1,
+                     0.0, 0.0, BM, BN1, BK, False, True, False, False, 0)
 
 
 @triton.jit

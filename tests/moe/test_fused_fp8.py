@@ -189,3 +189,23 @@ def test_fp8_layer_propagates_inf_and_nan_to_their_tokens_only_and_completes():
     rest = torch.tensor([t for t in range(T) if t not in rows.tolist()])
     assert not bool(torch.isfinite(y[rows]).any())
     assert torch.equal(y[rest], clean[rest])
+
+
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+def test_fp8_checkpoint_layout_read_in_place_gives_the_interleaved_result_bit_for_bit(tma):
+    # A DeepSeek-V3 checkpoint's own [gate; up] weights and scales (transformers' fine-grained FP8
+    # gate_up_proj, gate_up_proj_scale_inv), with I / 128 = 3 tiles: reading the wrong weight rows or
+    # the wrong scale row for either layout mixes gate and up, or scales a block by its neighbour's.
+    T, E, K, H, I, R = 9, 4, 2, 256, 384, 2
+    x, idx, w, weights = _problem(T, E, K, H, I, R, seed=21)
+    l1, s1, l2, s2 = weights
+    s1 = s1 * (1 + torch.arange(s1.shape[1], dtype=torch.float32))[None, :, None]  # every scale row distinct
+    weights = (l1, s1, l2, s2)
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(R), device="cpu", dtype="fp8",
+                    config=dataclasses.replace(CFG, tma=tma))
+    w1t, w2 = transform_weights(l1, l2, CFG.block_n1, s1, s2)
+    assert not torch.equal(w1t[0].view(torch.uint8), l1.view(torch.uint8)) and not torch.equal(w1t[1], s1)
+    y_int = fused_moe(x, idx, w, w1t, w2, buf)
+    y_cat = fused_moe(x, idx, w, (l1, s1), w2, buf, w1_layout="concatenated")
+    assert torch.equal(y_cat, y_int)
+    assert _rel_err(y_cat, _reference(x, idx, w, weights, R)) <= 2 * TOL

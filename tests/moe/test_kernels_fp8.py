@@ -32,9 +32,10 @@ def _linear1_task(p_unit, p_recv, p_recv_scale, p_w1, p_w1_scale, p_act, p_act_s
     u, e, prow = tl.load(p_unit), tl.load(p_unit + 1), tl.load(p_unit + 2)
     n_rows, nb = tl.load(p_unit + 3), tl.load(p_unit + 4)
     # Pointer loads (TMA=False); the descriptor arguments are unused then. The TMA path runs in the
-    # fused layer's tests (tests/moe/test_fused_fp8.py). USE_PTX on a GPU: the hardware's e4m3 cast.
+    # fused layer's tests (tests/moe/test_fused_fp8.py). USE_PTX on a GPU: the hardware's e4m3 cast. The
+    # interleaved layout (W1_CONCAT=False); the checkpoint's own layout is tested there too.
     _linear1_fp8(u, e, prow, n_rows, nb, p_recv, p_recv, p_recv_scale, p_w1, p_w1, p_w1_scale, p_act, p_act_scale,
-                 p_ready, H, I, BM, BN1, BK, False, USE_PTX)
+                 p_ready, H, I, BM, BN1, BK, False, USE_PTX, False)
 
 
 @triton.jit

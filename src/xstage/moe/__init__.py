@@ -5,7 +5,8 @@ and `reference_moe_dist` (plain torch ground truth), `make_schedule` (expert_wav
 lag:k) and `register_schedule`, `Variant` (schedule plus store pacing), `resolve_pacing`,
 `MoEDecision` (what `model_guided` and `pacing="auto"` run per token bucket: `MoEBuffer.decisions()`,
 `force_decision`), `fused_moe` (the fused layer), `MoeShape` / `Problem` (problem definitions),
-`torch.ops.xstage.moe_fused` (custom op, after importing `xstage.moe.op`). `model_guided` and
+`torch.ops.xstage.moe_fused` (custom op, after importing `xstage.moe.op`), `ClampedSwiGLU` (GPT-OSS's
+activation for `fused_moe(..., activation=)`, beside expert biases `b1`, `b2`). `model_guided` and
 `pacing="auto"` are the planner's decisions, asked of `xstage.sched.policy` per token bucket.
 
 FP8 (in progress; the fused kernel is BF16 only): `quantize_activations`, `quantize_weights` and
@@ -33,6 +34,7 @@ from xstage.moe.layout import routing_layout, transform_weights, untransform_l1 
 from xstage.moe.problem import Problem  # noqa: E402
 from xstage.moe.reference import loopback_inputs, reference_moe_dist, reference_moe_virtual  # noqa: E402
 from xstage.sched.pacing import resolve_pacing  # noqa: E402
+from xstage.spec.activation import ClampedSwiGLU  # noqa: E402
 from xstage.spec.moe import (  # noqa: E402
     SHAPES,
     BlockConfig,  # noqa: E402
@@ -43,7 +45,8 @@ from xstage.spec.schedule import CANDIDATES, Schedule, make_schedule, register_s
 from xstage.spec.variant import Variant, parse_variants  # noqa: E402
 
 __all__ = [
-    "CANDIDATES", "SHAPES", "BlockConfig", "LoopbackGroup", "MoEBuffer", "MoEDecision", "MoeShape", "Problem",
+    "CANDIDATES", "SHAPES", "BlockConfig", "ClampedSwiGLU", "LoopbackGroup", "MoEBuffer", "MoEDecision", "MoeShape",
+    "Problem",
     "Schedule", "Variant", "check_fp8_activations", "check_fp8_weights", "dequantize_activations", "dequantize_weights",
     "fused_moe", "loopback_inputs", "make_schedule", "parse_block", "parse_variants", "quantize_activations",
     "quantize_weights", "reference_moe_dist", "reference_moe_fp8", "reference_moe_virtual", "register_schedule",

@@ -45,6 +45,7 @@ from xstage.moe.buffer import FP8_BLOCK, MoEBuffer
 from xstage.moe.decision import decide
 from xstage.moe.layout import routing_layout, unit_experts
 from xstage.sched.pacing import resolve_pacing
+from xstage.spec.activation import SILU, check_activation
 from xstage.spec.pacing import AUTO, StorePacing, pacing_args
 from xstage.spec.schedule import TASK_COLS, Schedule, check_schedule, make_schedule, per_call
 from xstage.spec.stages import (
@@ -117,6 +118,33 @@ def validate_inputs(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, check_range: b
     if check_range and T and bool(((topk_idx < 0) | (topk_idx >= buf.E)).any()):
         bad = topk_idx[(topk_idx < 0) | (topk_idx >= buf.E)][0].item()
         raise InputError(f"topk_idx: value {bad} out of range [0, {buf.E})")
+
+
+def check_epilogue(b1, b2, activation, buf: MoEBuffer) -> tuple:
+    """`fused_moe`'s `b1`, `b2` and `activation`, checked (one `InputError` line naming the argument):
+    biases `b1 [E_local, 2I]` (gate biases, then up biases, whatever `w1_layout`) and `b2 [E_local, H]`
+    in the buffer's dtype or float32, or None; `activation` as `xstage.spec.activation` spells it. An FP8
+    buffer takes neither biases nor another activation (its Linear-1 epilogue requantizes SwiGLU as is)."""
+    activation = check_activation(activation)
+    if buf.fp8:
+        for name, v in (("b1", b1), ("b2", b2), ("activation", None if activation == SILU else activation)):
+            if v is not None:
+                raise InputError(f"{name}: an FP8 buffer runs plain SwiGLU experts without biases (BF16, FP16 "
+                                 "and FP32 buffers take biases and ClampedSwiGLU)")
+    dtypes = tuple(dict.fromkeys((buf.dtype, torch.float32)))
+    if b1 is not None:
+        _check_tensor("b1", b1, (buf.E_local, 2 * buf.I), dtypes, buf.device)
+    if b2 is not None:
+        _check_tensor("b2", b2, (buf.E_local, buf.H), dtypes, buf.device)
+    return b1, b2, activation
+
+
+def _epilogue_args(b1, b2, activation, buf: MoEBuffer) -> tuple[tuple, dict]:
+    """The main kernel's bias pointers and activation parameters, and their constexpr flags. Off, each
+    pointer is a word the kernel never reads and the flags compile today's epilogue."""
+    alpha, limit = (0.0, 0.0) if activation == SILU else (activation.alpha, activation.limit)
+    args = (buf.recv_scale if b1 is None else b1, buf.recv_scale if b2 is None else b2, alpha, limit)
+    return args, dict(HAS_B1=b1 is not None, HAS_B2=b2 is not None, ACT=0 if activation == SILU else 1)
 
 
 def _all_topk(topk_idx: torch.Tensor, buf: MoEBuffer) -> torch.Tensor:
@@ -275,9 +303,11 @@ def quantize_inputs(x, buf: MoEBuffer):
 
 
 def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = None, wait: bool = True,
-                trace: torch.Tensor | None = None, compile_only: bool = False, w1_layout: str = "interleaved"):
+                trace: torch.Tensor | None = None, compile_only: bool = False, w1_layout: str = "interleaved",
+                b1=None, b2=None, activation=SILU):
     """Enqueue the persistent kernel (dispatch, Linear-1, Linear-2 + combine push, completion signal).
     On an FP8 buffer `x`, `w1t` and `w2` are (data, scale) pairs (`quantize_inputs`, `transform_weights`).
+    `b1`, `b2` and `activation` as `fused_moe` takes them (checked there: `check_epilogue`).
 
     `trace` (int64 `[num_tasks, 3]`, optional) receives each task's `%globaltimer` after its
     dependency wait, after its last store, and the CTA that ran it; row g for the task at position g
@@ -290,6 +320,7 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
                          f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
     c = buf.cfg
     x, x_scale, w1t, w1_scale, w2, w2_scale = _scaled(x, w1t, w2, buf)
+    epi_args, epi_consts = _epilogue_args(b1, b2, activation, buf)
     use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     opts = {} if interpreter_active() else dict(num_warps=c.num_warps, num_stages=c.num_stages)
     if not buf.loopback:  # peers pull the rows (and their scales) from the symmetric copies
@@ -300,13 +331,14 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
         buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
         buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, buf.pool_units, timeout_ns, max_spins,
         *pacing_args(p.pacing), x_scale, buf.xs_delta, buf.recv_scale, w1_scale, buf.act_scale, w2_scale,
+        *epi_args,
     )
     consts = dict(
         STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
         STAGE_SLOT=STAGE_POOL_SLOT,
         TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
         TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, FP8=buf.fp8, WAIT=wait, USE_PTX=use_ptx,
-        TRACE=trace is not None, W1_CONCAT=w1_layout == "concatenated", **opts,
+        TRACE=trace is not None, W1_CONCAT=w1_layout == "concatenated", **epi_consts, **opts,
         # The FP8 Linear-2 loop takes two K blocks per step: one stage fewer keeps its shared memory
         # within the Linear-1 loop's (3 x 64 KiB against 4 x 48 KiB at the default tiles).
         PAIR_STAGES=max(1, c.num_stages - 1),
@@ -356,7 +388,8 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
 
 
 def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns: int | None,
-                schedule: str | None = None, w1_layout: str = "interleaved") -> None:
+                schedule: str | None = None, w1_layout: str = "interleaved", b1=None, b2=None,
+                activation=SILU) -> None:
     """Compile both kernels, and the device plan's prologue for `schedule` (None: planned on the host),
     or load them from Triton's cache, before the group's barrier: a rank's first-call compile then never
     holds up its peers' waits. Once per buffer and pacing switch (the only launch-time choice that
@@ -368,7 +401,7 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
         from xstage.moe.device_plan import precompile_prologue  # it builds on this module
 
         precompile_prologue(buf, _resolve_schedule(schedule, buf, int(topk_idx.shape[0]), num_ctas(buf), pacing))
-    key = ("compiled", pacing is not None, w1_layout)
+    key = ("compiled", pacing is not None, w1_layout, *_epilogue_args(b1, b2, activation, buf)[1].values())
     if key in buf._plans:
         return
     # The layout's shapes and types are what compilation needs: this rank's own routing stands in for
@@ -380,7 +413,8 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
     n2 = -(-buf.H // buf.cfg.block_n2)
     sched = make_schedule("expert_wave", [0], num_ctas(buf), buf.I // buf.cfg.block_n1, n2)
     p = _Plan(lay, sched, buf.device, buf.cfg.dynamic, pacing=pacing)
-    launch_main(x, w1t, w2, buf, p, timeout_ns, compile_only=True, w1_layout=w1_layout)
+    launch_main(x, w1t, w2, buf, p, timeout_ns, compile_only=True, w1_layout=w1_layout, b1=b1, b2=b2,
+                activation=activation)
     y = torch.empty(topk_idx.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, compile_only=True)
     buf._plans[key] = True
@@ -388,23 +422,20 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
 
 def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
            timeout_ns: int | None = None, wait: bool = True, report: torch.Tensor | None = None,
-           w1_layout: str = "interleaved") -> torch.Tensor:
+           w1_layout: str = "interleaved", b1=None, b2=None, activation=SILU) -> torch.Tensor:
     """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
-    launch_main(x, w1t, w2, buf, p, timeout_ns, wait, w1_layout=w1_layout)
+    launch_main(x, w1t, w2, buf, p, timeout_ns, wait, w1_layout=w1_layout, b1=b1, b2=b2, activation=activation)
     return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, report=report)
 
 
 W1_LAYOUTS = ("interleaved", "concatenated")
 
 
-def check_w1_layout(w1_layout, buf: MoEBuffer) -> None:
-    """`fused_moe`'s `w1_layout`: one of `W1_LAYOUTS`, and `"interleaved"` on an FP8 buffer (its scale
-    rows follow `transform_weights`' layout)."""
+def check_w1_layout(w1_layout) -> None:
+    """`fused_moe`'s `w1_layout`: one of `W1_LAYOUTS` (on an FP8 buffer too: the scale rows follow the
+    weight rows' layout, `transform_weights`' or the checkpoint's own)."""
     if not isinstance(w1_layout, str) or w1_layout not in W1_LAYOUTS:
         raise InputError(f"w1_layout={w1_layout!r:.40}: must be one of {', '.join(W1_LAYOUTS)}")
-    if buf.fp8 and w1_layout != "interleaved":
-        raise InputError(f"w1_layout={w1_layout!r}: an FP8 buffer takes transform_weights' (weights, scales) pairs, "
-                         "in the interleaved layout")
 
 
 def check_mode(check):
@@ -436,17 +467,29 @@ def _refused(exc: InputError, buf: MoEBuffer) -> InputError:
 
 def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str = "interleaved",
               timeout_ns: int | None = None, check="async", static: bool = False,
-              pacing="buffer", plan_on: str = "device", w1_layout: str = "interleaved") -> torch.Tensor:
+              pacing="buffer", plan_on: str = "device", w1_layout: str = "interleaved", b1=None, b2=None,
+              activation=SILU) -> torch.Tensor:
     """This rank's MoE output `y [T, H]` (see module docstring). `w1t` comes from `transform_weights`,
     or, with `w1_layout="concatenated"`, it is the untransformed `[E, 2I, H]` (each expert's I gate rows,
-    then its I up rows: transformers' `gate_up_proj`), read in place with no copy (BF16, FP16 and FP32
-    buffers; FP8 takes `transform_weights`' pairs). Both layouts give the same `y`, bit for bit.
+    then its I up rows: transformers' `gate_up_proj`), read in place with no copy. On an FP8 buffer the
+    concatenated pair is a DeepSeek-V3 checkpoint's own `(w [E, 2I, H], scale [E, 2I/128, H/128])`,
+    scale rows gate then up like the weight rows (transformers' fine-grained FP8 `gate_up_proj` and
+    `gate_up_proj_scale_inv`). Both layouts give the same `y`, bit for bit.
+
+    Expert biases and the activation (BF16, FP16 and FP32 buffers; None and `"silu"` compile the
+    kernel without them): `b1 [E_local, 2I]` is added to Linear-1's output before the activation, each
+    expert's I gate biases then its I up biases whatever `w1_layout`; `b2 [E_local, H]` is added to each
+    expert's output before the router weight multiplies it (`y[t] = sum_k w[t,k] (L2(act) + b2)`), both in
+    the buffer's dtype or float32. `activation` is `"silu"` (`silu(gate) * up`) or
+    `xstage.spec.activation.ClampedSwiGLU(alpha, limit)` (GPT-OSS's: `g = min(gate, limit)`,
+    `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)`). The reference takes the same
+    (`reference_moe_virtual(..., b1=, b2=, activation=)`).
 
     FP8 (a buffer with `dtype="fp8"`): `x` is BF16 `[T, H]`, quantized here 1x128, or a pre-quantized
     pair `(x_fp8, x_scale)` (`x_scale` float32 `[T, H/128]`); `w1t` and `w2` are the `(weights,
-    scales)` pairs of `transform_weights`; `y` is BF16. An Inf or NaN in a token's `x` turns that token's
-    whole output row non-finite (NaN or +-inf) and leaves every other token as it would be; the
-    kernel completes (its waits never depend on values).
+    scales)` pairs of `transform_weights` (or, concatenated, the checkpoint's own); `y` is
+    BF16. An Inf or NaN in a token's `x` turns that token's whole output row non-finite (NaN or +-inf)
+    and leaves every other token as it would be; the kernel completes (its waits never depend on values).
 
     `check` says when the errors the device records are raised. Expert ids outside [0, E) are memory-
     safe in any case: they add nothing to `y`, and the device counts them.
@@ -494,7 +537,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
             raise InputError(f"plan_on={plan_on!r}: must be 'host' or 'device' (static=True plans on the device)")
         if timeout_ns is not None:
             check_timeout_ns(timeout_ns)
-        check_w1_layout(w1_layout, buf)
+        check_w1_layout(w1_layout)
+        b1, b2, activation = check_epilogue(b1, b2, activation, buf)
         validate_inputs(x, topk_idx, topk_weights, w1t, w2, buf, check_range=check is True)
         if not buf.loopback:
             _check_order_fits(schedule, buf, int(topk_idx.shape[0]), pacing)
@@ -509,7 +553,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     if not buf.loopback:
         _precompile(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf,
                     call_pacing(pacing, buf, int(rows.shape[0]), num_ctas(buf), schedule), timeout_ns,
-                    schedule if plan_on == "device" else None, w1_layout)
+                    schedule if plan_on == "device" else None, w1_layout, b1, b2, activation)
         buf.x_buf[: rows.shape[0]].copy_(rows)
         if buf.fp8:
             buf.x_scale_buf[: rows.shape[0]].copy_(x[1])
@@ -525,7 +569,8 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
     y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
     capturing = buf.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     report = buf.report_row() if check == "async" and not capturing else None
-    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns, report=report, w1_layout=w1_layout)
+    launch(x, topk_idx.contiguous(), topk_weights, w1t, w2, buf, p, y, timeout_ns, report=report, w1_layout=w1_layout,
+           b1=b1, b2=b2, activation=activation)
     if capturing:
         buf.captured(call)
     if check is True:

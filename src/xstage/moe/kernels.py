@@ -10,9 +10,11 @@ readiness counter orders the plain stores that produced them with those loads. T
   tasks), pull the unit's `block_m` token rows from their source ranks into the slot's rows of the
   receive buffer, then release the unit's readiness counter.
 - LINEAR1(u, n): wait until the unit is dispatched, `[BM, H] x [H, 2*BN1]` gate/up GEMM, SwiGLU in
-  the epilogue, store `[BM, BN1]` of the activation, release the counter.
+  the epilogue (with `HAS_B1` the expert's gate/up bias first; `ACT` 1: GPT-OSS's clamped SwiGLU with
+  runtime `alpha`, `limit` instead), store `[BM, BN1]` of the activation, release the counter.
 - LINEAR2(u, n): wait until all LINEAR1 slabs of the unit are done, `[BM, I] x [I, BN2]`, and push
-  every output row into `combine[slot, token]` of the token's source rank (vector stores through
+  every output row (with `HAS_B2` plus the expert's output bias: the reduce's router weight then
+  scales bias and product alike) into `combine[slot, token]` of the token's source rank (vector stores through
   peer-relative offsets): the remote-store burst. With store pacing on (`MoEBuffer.pacing`) the
   tile first waits until its remote bytes fit the pacing budget (`xstage.comm.pacing`). Then it
   releases the readiness counter once more: after all `n2` slabs the slot is free.
@@ -122,9 +124,9 @@ def _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready,
 
 
 @triton.jit
-def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I,
+def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, p_b1, act_alpha, act_limit,
              BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr,
-             W1_CONCAT: tl.constexpr):
+             W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr, ACT: tl.constexpr):
     # Where a tile's gate and up rows are in an expert's 2I rows. Interleaved (`transform_weights`): gate
     # block nb at nb * 2 BN1, its up block right after. Concatenated (the untransformed `[gate; up]`, as
     # transformers' `gate_up_proj` holds it, read in place): gate block nb at nb BN1, up block I rows on.
@@ -163,7 +165,20 @@ def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
             p_a += BK
             p_g += BK
             p_u += BK
-    b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU
+    if HAS_B1:
+        # `b1 [E, 2I]` is gate biases then up biases whatever the weights' layout: column nb * BN1 + n.
+        p_bg = p_b1 + e.to(tl.int64) * 2 * I + nb * BN1 + o_n  # [BN1]
+        b_g += tl.load(p_bg).to(tl.float32)[None, :]
+        b_u += tl.load(p_bg + I).to(tl.float32)[None, :]
+    if ACT == 1:
+        # GPT-OSS: the gate clamped from above only, the up both ways, and up + 1. NaN stays NaN, as in
+        # torch's clamp (the hardware min/max would return the limit).
+        b_g = tl.minimum(b_g, act_limit, propagate_nan=tl.PropagateNan.ALL)
+        b_u = tl.minimum(tl.maximum(b_u, -act_limit, propagate_nan=tl.PropagateNan.ALL), act_limit,
+                         propagate_nan=tl.PropagateNan.ALL)
+        b_h = b_g * tl.sigmoid(act_alpha * b_g) * (b_u + 1.0)  # [BM, BN1]
+    else:
+        b_h = b_g * tl.sigmoid(b_g) * b_u  # [BM, BN1] SwiGLU
     p_o = p_act + (prow + o_m).to(tl.int64)[:, None] * I + (nb * BN1 + o_n)[None, :]
     tl.store(p_o, b_h.to(p_act.dtype.element_ty), mask=m_m[:, None])
     if TMA:
@@ -175,9 +190,10 @@ def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
 @triton.jit
 def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb, p_comb_delta,
              p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns, max_spins,
-             p_act_scale, p_w2_scale,
+             p_act_scale, p_w2_scale, p_b2,
              STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
-             PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, USE_PTX: tl.constexpr):
+             PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, USE_PTX: tl.constexpr,
+             HAS_B2: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
@@ -199,6 +215,9 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
             b_acc = tl.dot(b_a, tl.load(p_b, mask=m_n[None, :], other=0.0), b_acc)
             p_a += BK
             p_b += BK
+    if HAS_B2:
+        # Into the combine row, before the reduce multiplies that row by the token's router weight.
+        b_acc += tl.load(p_b2 + e.to(tl.int64) * H + o_n, mask=m_n, other=0.0).to(tl.float32)[None, :]
     b_src = tl.load(p_row_src + row0 + o_m, mask=m_m, other=0)  # [BM]
     b_slot = tl.load(p_row_slot + row0 + o_m, mask=m_m, other=0)
     b_delta = tl.load(p_comb_delta + b_src // T_STRIDE, mask=m_m, other=0)  # [BM] int64
@@ -221,12 +240,14 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
 def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
               p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
               pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
-              p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale,
+              p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, p_b1, p_b2, act_alpha,
+              act_limit,
               STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_PACE: tl.constexpr, STAGE_SLOT: tl.constexpr,
               TASK_COLS: tl.constexpr,
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
               TMA: tl.constexpr, PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr,
-              USE_PTX: tl.constexpr, TRACE: tl.constexpr, W1_CONCAT: tl.constexpr):
+              USE_PTX: tl.constexpr, TRACE: tl.constexpr, W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr,
+              HAS_B2: tl.constexpr, ACT: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -257,14 +278,15 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
         elif kind == 1:
             if FP8:
                 _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w1, p_w1_scale, p_act,
-                             p_act_scale, p_ready, H, I, BM, BN1, BK, TMA, USE_PTX)
+                             p_act_scale, p_ready, H, I, BM, BN1, BK, TMA, USE_PTX, W1_CONCAT)
             else:
-                _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, BM, BN1, BK,
-                         TMA, USE_PTX, W1_CONCAT)
+                _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, p_b1, act_alpha,
+                         act_limit, BM, BN1, BK, TMA, USE_PTX, W1_CONCAT, HAS_B1, ACT)
         else:
             _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
                      p_comb_delta, p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
-                     max_spins, p_act_scale, p_w2_scale, STAGE_PACE, BM, BN2, BK, TMA, PACED, FP8, PAIR_STAGES, USE_PTX)
+                     max_spins, p_act_scale, p_w2_scale, p_b2, STAGE_PACE, BM, BN2, BK, TMA, PACED, FP8, PAIR_STAGES,
+                     USE_PTX, HAS_B2)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
             # recorded with the CTA at the task's position in the global order.
@@ -282,13 +304,13 @@ def moe_main_kernel(
     p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1, p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta,
     p_ready, p_sync, p_sig, p_sig_delta, p_sig_slot, p_err, p_trace, p_pace,
     rank, num_ranks, T_STRIDE, H, I, pool_units, timeout_ns, max_spins, pace_fs, pace_budget_ns,
-    p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale,
+    p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, p_b1, p_b2, act_alpha, act_limit,
     STAGE_L1: tl.constexpr, STAGE_L2: tl.constexpr, STAGE_FREE: tl.constexpr, STAGE_PACE: tl.constexpr,
     STAGE_SLOT: tl.constexpr,
     TASK_COLS: tl.constexpr, BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr,
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
     FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
-    W1_CONCAT: tl.constexpr,
+    W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, ACT: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -311,9 +333,10 @@ def moe_main_kernel(
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
-                      p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
-                      STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT)
+                      p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, p_b1, p_b2, act_alpha,
+                      act_limit, STAGE_L1, STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT, HAS_B1,
+                      HAS_B2, ACT)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         t_lo = tl.load(p_cta_start + i_c)
@@ -321,9 +344,10 @@ def moe_main_kernel(
             _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, p_recv, d_recv, p_w1, d_w1,
                       p_act, d_act, p_w2, d_w2, p_comb, p_comb_delta, p_ready, p_err, p_trace, p_pace, pace_fs,
                       pace_budget_ns, rank, T_STRIDE, H, I, n1, n2, pool_units, timeout_ns, max_spins,
-                      p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, STAGE_L1,
-                      STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
-                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT)
+                      p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, p_b1, p_b2, act_alpha,
+                      act_limit, STAGE_L1, STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
+                      BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT, HAS_B1,
+                      HAS_B2, ACT)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:

@@ -12,6 +12,8 @@ Formats (all scales float32; sizes H and I are multiples of 128):
 - Linear-1 weights `p_w1` e4m3 `[E * 2I, H]` in the kernel's interleaved layout (for output block
   `nb`: BN1 gate rows, then BN1 up rows) with 128x128 scales `p_w1_scale [E, 2I/128, H/128]` in the same
   row order, so with BN1 == 128 the gate block of `nb` has scale row `2 nb` and the up block `2 nb + 1`;
+  or, with `W1_CONCAT`, in a checkpoint's own `[gate; up]` order (gate block `nb` at row `nb BN1`,
+  scale row `nb`; up block at `I + nb BN1`, scale row `I/128 + nb`);
 - activation `p_act` e4m3 `[P, I]` with 1x128 scales `p_act_scale [P, I/128]`;
 - Linear-2 weights `p_w2` e4m3 `[E * H, I]` with 128x128 scales `p_w2_scale [E, H/128, I/128]`.
 
@@ -68,7 +70,7 @@ def _round_to_e4m3(v):
 @triton.jit
 def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w1, p_w1_scale, p_act, p_act_scale,
                  p_ready, H, I, BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
-                 USE_PTX: tl.constexpr):
+                 USE_PTX: tl.constexpr, W1_CONCAT: tl.constexpr):
     # One 128-column block per tile: the 1x128 requantization of the SwiGLU output needs the whole
     # block's amax in one CTA, and the gate and up slabs each map to one weight-scale row.
     tl.static_assert(BN1 == SCALE_BLOCK, "BN1 must be 128 on the FP8 path (one 1x128 activation block per tile)")
@@ -84,13 +86,29 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
     o_row = (prow + o_m).to(tl.int64)  # the unit's pool slot
     p_a = p_recv + o_row[:, None] * H + o_k[None, :]  # [BM, BK]
     p_as = p_recv_scale + o_row * nkb  # [BM]: one scale per row per K block
-    o_w = e.to(tl.int64) * 2 * I * H + (nb * 2 * BN1 + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
+    # Where the tile's gate and up rows, and their scale rows (one per 128 weight rows), are among the
+    # expert's 2I. Interleaved (`transform_weights`): gate block nb at rows 2 nb BN1 (scale row 2 nb), its
+    # up block right after. Concatenated (the checkpoint's own `[gate; up]`, transformers' fine-grained
+    # FP8 `gate_up_proj` and `gate_up_proj_scale_inv`, read in place): gate block nb at nb BN1 (scale
+    # row nb), up block I rows on (scale row I / 128 + nb).
+    if W1_CONCAT:
+        g_row = nb * BN1
+        up_off = I
+        g_srow = nb
+    else:
+        g_row = nb * 2 * BN1
+        up_off = BN1
+        g_srow = 2 * nb
+    o_w = e.to(tl.int64) * 2 * I * H + (g_row + o_n).to(tl.int64)[None, :] * H + o_k[:, None]
     p_g = p_w1 + o_w  # [BK, BN1] gate slab
-    p_u = p_g + BN1 * H  # [BK, BN1] up slab (interleaved layout)
-    # Scale rows follow the interleaved weight rows: gate block of nb at 2 nb, its up block at 2 nb + 1.
-    p_gs = p_w1_scale + (e.to(tl.int64) * (2 * I // SCALE_BLOCK) + 2 * nb) * nkb
-    p_us = p_gs + nkb
-    w_row = e * 2 * I + nb * 2 * BN1  # TMA: the gate slab's first weight row, the up slab follows
+    p_gs = p_w1_scale + (e.to(tl.int64) * (2 * I // SCALE_BLOCK) + g_srow) * nkb
+    if W1_CONCAT:
+        p_u = p_g + I.to(tl.int64) * H  # [BK, BN1] up slab
+        p_us = p_gs + (I // SCALE_BLOCK) * nkb
+    else:
+        p_u = p_g + BN1 * H
+        p_us = p_gs + nkb
+    w_row = e * 2 * I + g_row  # TMA: the gate slab's first weight row
     for kb in range(0, nkb):
         b_as = tl.load(p_as + kb, mask=m_m, other=0.0)[:, None]  # masked rows stay 0 (their a is 0 too)
         if TMA:
@@ -99,7 +117,7 @@ def _linear1_fp8(u, e, prow, n_rows, nb, p_recv, d_recv, p_recv_scale, p_w1, d_w
             # MMA takes both operands.
             b_a = d_recv.load([prow, kb * BK])
             b_wg = d_w1.load([w_row, kb * BK]).T
-            b_wu = d_w1.load([w_row + BN1, kb * BK]).T
+            b_wu = d_w1.load([w_row + up_off, kb * BK]).T
         else:
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
             b_wg = tl.load(p_g)
