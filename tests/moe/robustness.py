@@ -160,6 +160,11 @@ def _linger(result_file, rank, world, case, cap_s=120.0):
     (docs/failures.md). When a rank stops answering, the survivors' watchdogs fire at different times, so
     the first survivor to report must not exit while the other still waits on it. A rank that died
     before the call (`die="before"`) never reports and is not waited for."""
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # done means this rank's kernels are done, not only enqueued
+    except Exception:  # a faulted context: its error is already in the records
+        pass
     open(f"{result_file}.{rank}.done", "w").close()
     gone = world - 1 if case.get("die") == "before" else None
     peers = [r for r in range(world) if r not in (rank, gone)]
