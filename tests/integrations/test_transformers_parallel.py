@@ -12,6 +12,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from tests.integrations import transformers_ranks  # noqa: E402
+from tests.integrations.test_transformers_fp8 import TOL_HERE as TOL_FP8  # noqa: E402
 from xstage.errors import InputError  # noqa: E402
 from xstage.integrations import transformers as xt  # noqa: E402
 
@@ -118,6 +119,38 @@ def test_mixtral_padded_sizes_match_eager(tmp_path, dtype):
             assert rec["logits"]["close"] == "ok", f"rank {r}: {rec['logits']['close']}"
         assert rec["memory"]["experts"] * WORLD == rec["memory"]["full"] == 2 * 8 * (48 * 40 + 40 * 24) * itemsize
         assert rec["memory"]["weights"] == 2 * 4 * (64 * 64 + 64 * 32) * itemsize
+
+
+@pytest.mark.slow
+def test_gpt_oss_biases_and_transposed_weights_shard_and_match_eager(tmp_path):
+    # GPT-OSS H40-I24, fp32: each rank keeps its 4 experts' weights and biases, de-interleaves,
+    # transposes and pads only those, and the logits on its own tokens match eager on the whole model.
+    recs = _spawn(tmp_path, dict(arch="gpt_oss", dtype="float32", max_tokens=16))
+    for r, rec in enumerate(recs):
+        _assert_matches_eager(rec, r)
+        assert rec["logits"]["close"] == "ok", f"rank {r}: {rec['logits']['close']}"
+        assert rec["holds_own_slice"], f"rank {r} does not hold its experts' weights and biases"
+        # gate_up_proj [8, 40, 48], down_proj [8, 24, 40], biases [8, 48] and [8, 40], two layers, fp32
+        full = 2 * 8 * (40 * 48 + 24 * 40 + 48 + 40) * 4
+        assert rec["memory"]["experts"] * WORLD == rec["memory"]["full"] == full
+        # the copies: 4 experts of w1 [64, 64], w2 [64, 32], b1 [64], b2 [64] per layer
+        assert rec["memory"]["weights"] == 2 * 4 * (64 * 64 + 64 * 32 + 64 + 64) * 4
+
+
+@pytest.mark.slow
+def test_fp8_checkpoint_shards_weights_and_scales_and_meets_the_fp8_bounds(tmp_path):
+    # Qwen3-MoE H256-I128 as a fine-grained FP8 checkpoint: each rank keeps its 2 experts' e4m3 weights
+    # and their 128x128 scales (read in place: no copy), and its own tokens meet the FP8 bounds.
+    recs = _spawn(tmp_path, dict(arch="qwen3_moe_fp8", dtype="bfloat16", max_tokens=16))
+    for r, rec in enumerate(recs):
+        assert rec["holds_own_slice"], f"rank {r} does not hold its experts' weights and scales"
+        full = 4 * (256 * 256 + 256 * 128) + 4 * 4 * (2 * 2 + 2 * 1)  # e4m3 weights, float32 scales
+        assert rec["memory"]["experts"] * WORLD == rec["memory"]["full"] == full and rec["memory"]["weights"] == 0
+        for key, counts in (("block", transformers_ranks.BLOCK_TOKENS), ("block_zero", transformers_ranks.ZERO_TOKENS)):
+            got = rec[key]
+            assert got["tokens"] == counts[r] and got["shape"] == [counts[r], 256] and got["dtype"] == "torch.bfloat16"
+            if counts[r]:
+                assert got["rel_fp8"] <= TOL_FP8 and got["fro_float"] <= 6e-2, (r, key, got)
 
 
 @pytest.mark.gpu

@@ -14,8 +14,10 @@ import torch
 import torch.distributed as dist
 import transformers
 
+from tests.integrations import test_transformers_gpt_oss as gpt_oss
 from tests.integrations.test_transformers import ARCHS, CFG, TOL, _block, _model, _same_routing
 from xstage.integrations import transformers as xt
+from xstage.integrations.transformers.weights import param_names
 
 # Tokens per rank of each call: uneven across ranks (rank 0, rank 1, ...), zero tokens included.
 BLOCK_TOKENS = (13, 6, 9, 4)
@@ -42,8 +44,18 @@ def _attempt(fn) -> str:
 
 
 def _expert_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-               if n.endswith(("experts.gate_up_proj", "experts.down_proj")))
+    experts = [m for n, m in model.named_modules() if n.endswith(".experts")]
+    return sum(p.numel() * p.element_size() for m in experts for p in (getattr(m, n) for n in param_names(m)))
+
+
+def _arch_model(arch: str):
+    """Two layers of `arch`: a `test_transformers.ARCHS` config, or GPT-OSS (biases, clamped SwiGLU,
+    transposed and interleaved weights; H40-I24, padded inside)."""
+    return gpt_oss._model(40, 24, layers=2) if arch == "gpt_oss" else _model(arch, layers=2)
+
+
+def _out(y):
+    return y[0] if isinstance(y, tuple) else y  # GPT-OSS's block returns (output, router scores)
 
 
 def _tokens(rank: int, n: int, h: int, dtype, seed: int) -> torch.Tensor:
@@ -53,7 +65,7 @@ def _tokens(rank: int, n: int, h: int, dtype, seed: int) -> torch.Tensor:
 def _main(rank, world, case, out, device):
     arch, dtype = case["arch"], getattr(torch, case["dtype"])
     xt.register()
-    model = _model(arch, layers=2).to(device)
+    model = _arch_model(arch).to(device)
     ref = copy.deepcopy(model).double()  # every expert, on every rank: the reference
     ref.set_experts_implementation("eager")
     model = model.to(dtype)
@@ -71,7 +83,7 @@ def _main(rank, world, case, out, device):
     out["holds_own_slice"] = all(
         tuple(getattr(exp, p).shape)[0] == el
         and torch.equal(getattr(exp, p).double(), getattr(ref_exp, p)[rank * el:(rank + 1) * el].to(dtype).double())
-        for p in ("gate_up_proj", "down_proj"))
+        for p in param_names(exp))
 
     with torch.no_grad():
         for key, counts, seed in (("block", BLOCK_TOKENS, 1), ("block_zero", ZERO_TOKENS, 7)):
@@ -80,6 +92,7 @@ def _main(rank, world, case, out, device):
                 y, want = _block(model)(x), _block(ref)(x.double())
             else:
                 y, want = _same_routing(_block(model), _block(ref), x)
+            y, want = _out(y), _out(want)
             out[key] = {"close": _close(y.cpu(), want.cpu(), dtype), "tokens": counts[rank],
                         "scale": float(want.abs().max()) if want.numel() else 0.0, "shape": list(y.shape)}
         if dtype == torch.float32:
@@ -133,6 +146,42 @@ def _main(rank, world, case, out, device):
     out["released"] = list(map(int, (lambda m: (m.weights, m.buffers, m.modules))(xt.memory(model))))
 
 
+def _main_fp8(rank, world, case, out, device):
+    """A fine-grained FP8 Qwen3-MoE (`test_transformers_fp8`), sharded: each rank calls the experts on
+    its own tokens and routing, against the FP8-emulating reference and float32 on the dequantized
+    weights of all experts."""
+    from tests.integrations import test_transformers_fp8 as fp8
+
+    xt.register()
+    model, ref, weights = fp8._fp8_model("qwen3_moe")
+    model.set_experts_implementation("xstage")
+    full = _expert_bytes(model)
+    out["names"] = xt.expert_parallel(model, config=fp8.CFG, max_tokens=case["max_tokens"])
+    mem = xt.memory(model)
+    out["memory"] = {"experts": mem.experts, "full": full, "weights": mem.weights, "modules": mem.modules}
+    exp = _block(model).experts
+    el = exp.num_experts // world
+    mine = slice(rank * el, (rank + 1) * el)
+    def bits(t):  # e4m3 compared bit for bit
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+    names = ("gate_up_proj", "gate_up_proj_scale_inv", "down_proj", "down_proj_scale_inv")
+    out["holds_own_slice"] = all(torch.equal(bits(getattr(exp, p)), bits(w)[mine]) for p, w in zip(names, weights))
+    with torch.no_grad():
+        for key, counts, seed in (("block", BLOCK_TOKENS, 1), ("block_zero", ZERO_TOKENS, 7)):
+            n = counts[rank]
+            x = _tokens(rank, n, 256, torch.bfloat16, seed)[0]
+            idx, w = fp8._routing(n, exp.num_experts, seed=seed + rank, skew=False)
+            y = exp(x, idx, w)
+            rec = {"tokens": n, "shape": list(y.shape), "dtype": str(y.dtype)}
+            if n:
+                want = _block(ref).experts(x.float(), idx, w)
+                rec["rel_fp8"] = fp8._rel(y, fp8.reference_moe_fp8(x, idx, w, *weights))
+                rec["fro_float"] = float((y.double() - want.double()).norm() / want.double().norm())
+            out[key] = rec
+    xt.release(model)
+
+
 def worker(rank, world, init_file, result_file, case):
     """One rank: runs `case` (dict: arch, dtype, max_tokens, check, refusals) and writes its records."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -140,13 +189,29 @@ def worker(rank, world, init_file, result_file, case):
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     out = {}
     try:
-        _main(rank, world, case, out, device)
+        (_main_fp8 if case["arch"] == "qwen3_moe_fp8" else _main)(rank, world, case, out, device)
     except Exception as exc:  # reported to the test, which shows it
         out["error"] = f"{type(exc).__name__}: {exc} | {traceback.format_exc()[-1500:]}"
     finally:
         with open(f"{result_file}.{rank}", "w") as f:
             json.dump(out, f)
+        _leave(world)
         dist.destroy_process_group()
+
+
+def _leave(world):
+    """Leave the group only once every rank's kernels are done: a peer's last kernel still signals into
+    the memory this process exported, and an exit frees it (an illegal address in the peer; see the
+    failure page). A rank that is gone is named by the barrier's timeout and not waited for longer."""
+    from datetime import timedelta
+
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        if world > 1:
+            dist.monitored_barrier(timeout=timedelta(seconds=60))
+    except Exception:  # a peer is gone or the context faulted: the records already say what happened
+        pass
 
 
 def run(tmp_path, world, case, timeout_s=300):

@@ -10,24 +10,23 @@ transformers' own.
 
 Algorithm, per experts module:
 1. Once (at `prepare`, `expert_parallel` or the module's first call): check what the kernel can honour
-   and refuse the rest by name (one `InputError` line, before any kernel runs): weights
-   `gate_up_proj [E, 2I, H]` (gate rows, then up rows) and `down_proj [E, H, I]` in fp16, bf16 or fp32,
-   a plain SwiGLU (SiLU gate), no biases, no transposed or row-interleaved layout, no quantized weights.
-2. Once per weight version: the kernel reads `gate_up_proj` in place, in transformers' own `[gate; up]`
-   layout (`fused_moe(w1_layout="concatenated")`), and `down_proj` as it is: no copy. Where hidden or
-   intermediate is not a multiple of the kernel's tiles, a zero-padded copy of both is made in the same
-   layouts (zero rows and columns add nothing, so the result is the unpadded one). A copy is cached; it
-   is rebuilt when a weight's identity, storage, version counter (in-place writes such as
-   `load_state_dict`), dtype, device or shape changes (`.to()`, `.half()`). At EP = 1 the parameters
-   are never touched, so `state_dict` and `save_pretrained` write the original layout.
+   and refuse the rest by name (one `InputError` line, before any kernel runs;
+   `xstage.integrations.transformers.weights` says what runs: float experts in transformers' layouts,
+   with biases and GPT-OSS's clamped SwiGLU, and fine-grained FP8 checkpoints).
+2. Once per weight version: what the kernel reads (`weights.kernel_weights`): the parameters in place
+   where their layout is the kernel's, else one copy in it. A copy is cached; it is rebuilt when a
+   parameter's identity, storage, version counter (in-place writes such as `load_state_dict`), dtype,
+   device or shape changes (`.to()`, `.half()`). At EP = 1 the parameters are never touched, so
+   `state_dict` and `save_pretrained` write the original layout.
 3. Per call: pad the tokens' hidden size if needed, run `fused_moe` on a buffer shared by the model's
    blocks of one shape, cut the padding off. At EP = 1 a call runs in chunks of at most `max_tokens`
    tokens; on a group every rank makes exactly one kernel call per experts call (the group's barrier),
    and a call of more than `max_tokens` tokens is refused on every rank.
 
-Memory: no weight is held twice unless hidden or intermediate needs padding (or a parameter is not
-contiguous). `memory(model)` reports the expert weights this rank holds, the copies' and the buffers'
-bytes; a log line at INFO on the logger `xstage.integrations.transformers` names each copy as it is made.
+Memory: no weight is held twice unless hidden or intermediate needs padding, the layout is transposed
+or interleaved (GPT-OSS: always), or a parameter is not contiguous; FP8 checkpoints are read in place.
+`memory(model)` reports the expert weights this rank holds, the copies' and the buffers' bytes; a log
+line at INFO on the logger `xstage.integrations.transformers` names each copy as it is made.
 """
 
 from __future__ import annotations
@@ -35,17 +34,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import math
 import re
 import weakref
 from dataclasses import dataclass
 
 import torch
 
-from xstage.backend import refuse_interpreter_bf16
 from xstage.bounds import check_instance, check_int
-from xstage.dtypes import DTYPES
 from xstage.errors import InputError, XstageError
+from xstage.integrations.transformers import weights as kw
+from xstage.integrations.transformers.weights import refuse as _refuse
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe
 from xstage.moe.fused import check_mode
 from xstage.spec.moe import MAX_TOKENS_PER_RANK
@@ -78,8 +76,8 @@ def require_transformers():
 
 
 def register() -> None:
-    """Register `"xstage"` in transformers' experts registry (idempotent). The FP8 experts registry gets
-    the name too, for a refusal that names the module (FP8 checkpoints do not run here yet)."""
+    """Register `"xstage"` in transformers' experts registry and in its fine-grained FP8 experts registry
+    (idempotent)."""
     require_transformers()
     from transformers.integrations.finegrained_fp8 import FP8ExpertsInterface
     from transformers.integrations.moe import ExpertsInterface
@@ -102,9 +100,10 @@ class Settings:
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes xstage holds for a model: the weight copies in the kernel's layout (`weights`), the MoE
+    """Bytes xstage holds for a model: the weight and bias copies in the kernel's layout (`weights`; a
+    GPT-OSS module always has one, its parameters being transposed and interleaved), the MoE
     buffers (`buffers`, shared by blocks of one shape), how many experts modules it serves, and the
-    bytes of those modules' expert parameters (`gate_up_proj`, `down_proj`) on this rank (`experts`:
+    bytes of those modules' expert parameters (`gate_up_proj`, `down_proj`, biases) on this rank (`experts`:
     all of them at EP = 1, this rank's 1/R under `expert_parallel`)."""
 
     weights: int
@@ -141,16 +140,16 @@ class Shard:
 
 
 class _State:
-    """What one experts module keeps: its name, settings and shape, the cached weights and their key."""
+    """What one experts module keeps: its name, settings and tiles, the cached weights and their key."""
 
-    def __init__(self, name: str, settings: Settings, shard: Shard | None = None):
+    def __init__(self, module, name: str, settings: Settings, shard: Shard | None = None):
         self.name, self.settings, self.shard = name, settings, shard
-        self.cfg = settings.config or BlockConfig()
+        self.cfg = settings.config or kw.default_config(module)
         self.key = None  # the weights' signatures when w1t was built
         self.refs = None  # weak references to the parameters w1t was built from
         # What the kernel reads: detached aliases of the parameters, or padded copies. One object per weight
         # version, so the launcher's TMA descriptors (kept while the tensor lives) are built once.
-        self.w1t = self.w2 = None
+        self.w1t = self.w2 = self.b1 = self.b2 = None  # the biases: None for modules without them
         self.held = 0  # bytes of those that are copies, not aliases
         self.buf: MoEBuffer | None = None
 
@@ -167,64 +166,12 @@ _SHARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _BUFFERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
-def _refuse(name: str, what: str) -> InputError:
-    return InputError(f"{name}: {what}")
-
-
-def _round_up(v: int, *blocks: int) -> int:
-    step = math.lcm(*blocks)
-    return -(-v // step) * step
-
-
-def _dims(module, cfg: BlockConfig):
-    """(E, H, I, H padded, I padded): the padded sizes are the multiples of the tiles `MoEBuffer` asks
-    for (hidden: block_k, block_d and 16-byte rows; intermediate: block_n1 and block_k)."""
-    e, two_i, h = module.gate_up_proj.shape
-    i = two_i // 2
-    return e, h, i, _round_up(h, cfg.block_k, cfg.block_d, 8), _round_up(i, cfg.block_n1, cfg.block_k)
-
-
 def _check_module(module, name: str) -> None:
-    """Refuse, in one line naming the module, everything about it the fused kernel cannot honour."""
+    """Refuse, in one line naming the module, everything about it the fused kernel cannot honour: its
+    weights and activation (`weights.check_layout`), and experts it holds only part of."""
     require_transformers()
-    from transformers.activations import SiLUActivation
-    from transformers.integrations import moe as tf_moe
-
-    if not hasattr(module, "is_transposed"):
-        raise _refuse(name, f"{type(module).__name__} is not dispatched through transformers' experts registry "
-                            "(e.g. MXFP4 or other quantized experts); xstage cannot serve it")
-    why = []
-    if getattr(module, "is_transposed", False):
-        why.append("is_transposed=True (weights stored [E, H, 2I] / [E, I, H]; xstage takes [E, 2I, H] / [E, H, I])")
-    if not getattr(module, "is_concatenated", True):
-        why.append("is_concatenated=False (gate and up rows interleaved one by one; xstage takes gate rows, then up)")
-    if getattr(module, "has_bias", False):
-        why.append("has_bias=True (gate_up_proj_bias, down_proj_bias: the kernel adds no bias)")
-    if not getattr(module, "has_gate", True):
-        why.append("has_gate=False (up_proj only: the kernel computes a gated SwiGLU)")
-    if getattr(type(module), "_apply_gate", None) is not tf_moe._default_apply_gate:
-        extra = ", ".join(f"{k}={getattr(module, k)}" for k in ("alpha", "limit") if hasattr(module, k))
-        why.append(f"_apply_gate: its own gated activation{f' ({extra})' if extra else ''}; the kernel computes "
-                   "silu(gate) * up")
-    elif not isinstance(getattr(module, "act_fn", None), (torch.nn.SiLU, SiLUActivation)):
-        why.append(f"act_fn={type(getattr(module, 'act_fn', None)).__name__}: the kernel's gate activation is SiLU")
-    if why:
-        raise _refuse(name, "the fused kernel cannot honour " + "; ".join(why))
-    for p in ("gate_up_proj", "down_proj"):
-        t = getattr(module, p, None)
-        if not isinstance(t, torch.Tensor) or t.dim() != 3:
-            got = getattr(t, "shape", type(t).__name__)
-            raise _refuse(name, f"{p}: expected a 3-d expert weight tensor, got {got}")
-        if type(t).__name__ == "DTensor" or t.is_meta:
-            raise _refuse(name, f"{p}: a DTensor or meta tensor (transformers' own tensor or expert parallelism, or "
-                                "weights not loaded); xstage runs whole experts on one device")
-        if t.dtype not in DTYPES.values():
-            kind = "quantized weights" if t.dtype.itemsize == 1 else "the kernels take fp16, bf16 or fp32"
-            raise _refuse(name, f"{p}: dtype {t.dtype} ({kind}; FP8 and MXFP4 experts do not run here yet)")
-    e, two_i, h = module.gate_up_proj.shape
-    if two_i % 2 or tuple(module.down_proj.shape) != (e, h, two_i // 2):
-        raise _refuse(name, f"down_proj: shape {tuple(module.down_proj.shape)} does not match gate_up_proj "
-                            f"{tuple(module.gate_up_proj.shape)} ([E, H, I] for [E, 2I, H])")
+    kw.check_layout(module, name)
+    e = kw.sizes(module)[0]
     shard = _SHARDS.get(module)
     if shard is None and getattr(module, "num_experts", e) != e:
         raise _refuse(name, f"gate_up_proj: {e} experts held of num_experts={module.num_experts} (sharded by "
@@ -232,66 +179,38 @@ def _check_module(module, name: str) -> None:
     if shard is not None and (e, getattr(module, "num_experts", shard.experts)) != (shard.local, shard.experts):
         raise _refuse(name, f"gate_up_proj: {e} experts held, but this module {shard.describe()}: its parameters "
                             f"must stay this rank's {shard.local} experts")
-    if module.gate_up_proj.dtype != module.down_proj.dtype or module.gate_up_proj.device != module.down_proj.device:
-        raise _refuse(name, f"down_proj: {module.down_proj.dtype} on {module.down_proj.device}, gate_up_proj "
-                            f"{module.gate_up_proj.dtype} on {module.gate_up_proj.device}: they must match")
-    try:
-        refuse_interpreter_bf16(module.gate_up_proj.dtype, "gate_up_proj dtype")
-    except InputError as exc:
-        raise _refuse(name, str(exc)) from None
 
 
 def _state(module) -> _State:
     st = _STATES.get(module)
     if st is None:
         shard = _SHARDS.get(module)
-        st = _State(shard.name, shard.settings, shard) if shard else _State(type(module).__name__, Settings())
+        st = (_State(module, shard.name, shard.settings, shard) if shard
+              else _State(module, type(module).__name__, Settings()))
         _check_module(module, st.name)
         _STATES[module] = st
     return st
 
 
-def _signature(p: torch.Tensor) -> tuple:
-    try:
-        version = p._version
-    except RuntimeError:  # an inference tensor keeps no version counter (and cannot be written outside one)
-        version = -1
-    return (p.data_ptr(), version, p.dtype, p.device, tuple(p.shape), p.stride())
-
-
 def _fresh(module, st: _State) -> bool:
-    params = (module.gate_up_proj, module.down_proj)
-    return (st.refs is not None and all(r() is p for r, p in zip(st.refs, params))
-            and st.key == tuple(_signature(p) for p in params))
+    ps = kw.params(module)
+    return (st.refs is not None and all(r() is p for r, p in zip(st.refs, ps))
+            and st.key == tuple(kw.signature(p) for p in ps))
 
 
 def _build_weights(module, st: _State) -> None:
-    """The kernel's weights for the module's current parameters: the parameters themselves (`w1t`, `w2`
-    None), or zero-padded copies in the same layouts where the sizes are off the tiles."""
+    """The kernel's weights (and biases) for the module's current parameters (`weights.kernel_weights`)."""
     _check_module(module, st.name)  # dtype, device or shape may have changed with the weights
-    st.w1t = st.w2 = st.key = st.refs = None  # the stale copy goes before the new one is made
+    st.w1t = st.w2 = st.b1 = st.b2 = st.key = st.refs = None  # the stale copy goes before the new one is made
     st.held = 0
-    l1, l2 = module.gate_up_proj.detach(), module.down_proj.detach()
-    e, h, i, hp, ip = _dims(module, st.cfg)
-    if (hp, ip) == (h, i):
-        st.w1t, st.w2 = l1.contiguous(), l2.contiguous()  # aliases, unless a parameter is not contiguous
-        st.held = sum(t.numel() * t.element_size() for t, p in ((st.w1t, l1), (st.w2, l2))
-                      if t.data_ptr() != p.data_ptr())
-    else:
-        # Zero rows and columns: the padded hidden columns meet zero inputs, the padded intermediate
-        # rows give silu(0) * 0 = 0 activations, and down_proj's padded rows are cut off the output.
-        w1 = torch.zeros(e, 2 * ip, hp, dtype=l1.dtype, device=l1.device)
-        w1[:, :i, :h] = l1[:, :i]
-        w1[:, ip:ip + i, :h] = l1[:, i:]
-        w2 = torch.zeros(e, hp, ip, dtype=l2.dtype, device=l2.device)
-        w2[:, :h, :i] = l2
-        st.w1t, st.w2 = w1, w2
-        st.held = sum(t.numel() * t.element_size() for t in (w1, w2))
-    st.refs = (weakref.ref(module.gate_up_proj), weakref.ref(module.down_proj))
-    st.key = tuple(_signature(p) for p in (module.gate_up_proj, module.down_proj))
+    got = kw.kernel_weights(module, st.cfg)
+    st.w1t, st.w2, st.b1, st.b2, st.held = got.w1t, got.w2, got.b1, got.b2, got.held
+    ps = kw.params(module)
+    st.refs = tuple(weakref.ref(p) for p in ps)
+    st.key = tuple(kw.signature(p) for p in ps)
     if st.extra_bytes():
         LOG.info("%s: %.1f MiB of weights held beside the parameters (%s)", st.name, st.extra_bytes() / 2**20,
-                 "padded to the kernel's tiles" if (hp, ip) != (h, i) else "contiguous copies")
+                 ", ".join(got.copied))
 
 
 def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
@@ -299,7 +218,7 @@ def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
     to `max_tokens`; on a group one of exactly `max_tokens` tokens per rank, made at `expert_parallel`
     (or at the first call after a dtype or device change, on every rank alike: making one is a
     collective of the group)."""
-    e, _, _, hp, ip = _dims(module, st.cfg)
+    e, _, _, hp, ip = kw.dims(module, st.cfg)
     dtype, device = module.gate_up_proj.dtype, module.gate_up_proj.device
     shard = st.shard
     if shard is not None:
@@ -325,22 +244,34 @@ def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
 
 def _check_call(module, st: _State, x, idx, w) -> None:
     if torch.is_grad_enabled():
-        grads = [n for n, t in (("hidden_states", x), ("top_k_weights", w), ("gate_up_proj", module.gate_up_proj),
-                                ("down_proj", module.down_proj)) if t.requires_grad]
+        grads = [n for n, t in (("hidden_states", x), ("top_k_weights", w),
+                                *zip(kw.param_names(module), kw.params(module)))
+                 if t.requires_grad]
         if grads:
             raise _refuse(st.name, f"{grads[0]} requires grad: the xstage experts run forward only (no backward); "
                                    "call the model under torch.no_grad() or torch.inference_mode()")
-    p = module.gate_up_proj
-    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != p.shape[2]:
-        raise _refuse(st.name, f"hidden_states: expected [tokens, {p.shape[2]}], got {getattr(x, 'shape', x)}")
-    if x.dtype != p.dtype or x.device != p.device:
-        raise _refuse(st.name, f"hidden_states: {x.dtype} on {x.device}, the experts' weights {p.dtype} on "
-                               f"{p.device}: they must match (no silent cast)")
+    p, h = module.gate_up_proj, kw.sizes(module)[1]
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != h:
+        raise _refuse(st.name, f"hidden_states: expected [tokens, {h}], got {getattr(x, 'shape', x)}")
+    want = kw.token_dtype(module)
+    if x.dtype != want or x.device != p.device:
+        whose = "FP8 experts take" if kw.is_fp8(module) else "the experts' weights"
+        raise _refuse(st.name, f"hidden_states: {x.dtype} on {x.device}, {whose} {want} on {p.device}: they must "
+                               "match (no silent cast)")
     if idx.dim() != 2 or tuple(w.shape) != tuple(idx.shape) or idx.shape[0] != x.shape[0]:
         raise _refuse(st.name, f"top_k_index, top_k_weights: expected [{x.shape[0]}, K] each, got "
                                f"{tuple(idx.shape)} and {tuple(w.shape)}")
     if w.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise _refuse(st.name, f"top_k_weights: dtype {w.dtype}; expected fp32, fp16 or bf16")
+
+
+def _epilogue(module, st: _State) -> dict:
+    """`fused_moe`'s biases and activation for the module, read at each call: `alpha` and `limit` are
+    plain attributes, which no weight signature follows."""
+    activation, why = kw.activation(module)
+    if why:
+        raise _refuse(st.name, f"the fused kernel cannot honour {why}")
+    return dict(b1=st.b1, b2=st.b2, activation=activation)
 
 
 def _run(module, hidden_states, top_k_index, top_k_weights):
@@ -350,7 +281,7 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
     _check_call(module, st, hidden_states, top_k_index, top_k_weights)
     if not _fresh(module, st):
         _build_weights(module, st)
-    _, h, _, hp, _ = _dims(module, st.cfg)
+    _, h, _, hp, _ = kw.dims(module, st.cfg)
     tokens, topk = top_k_index.shape
     if tokens == 0:
         return torch.zeros_like(hidden_states)
@@ -362,6 +293,7 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
     w = top_k_weights.to(torch.float32).contiguous()  # fp16/bf16 to fp32 is exact
     w1, w2 = st.w1t, st.w2
     kwargs = {} if st.settings.schedule is None else {"schedule": st.settings.schedule}
+    kwargs.update(_epilogue(module, st))
     outs = []
     for s in range(0, tokens, buf.T_max):
         sl = slice(s, min(tokens, s + buf.T_max))
@@ -383,7 +315,7 @@ def _run_sharded(module, st: _State, hidden_states, top_k_index, top_k_weights):
     shard = st.shard
     if not _fresh(module, st):
         _build_weights(module, st)  # a change of the weights is every rank's: a refusal here is every rank's
-    _, h, _, hp, _ = _dims(module, st.cfg)
+    _, h, _, hp, _ = kw.dims(module, st.cfg)
     buf = _buffer(st, module, 0, shard.topk)
     try:
         _check_call(module, st, hidden_states, top_k_index, top_k_weights)
@@ -394,6 +326,7 @@ def _run_sharded(module, st: _State, hidden_states, top_k_index, top_k_weights):
             raise _refuse(st.name, f"max_tokens: {hidden_states.shape[0]} tokens in one call on rank {shard.rank}, "
                                    f"over expert_parallel's max_tokens={buf.T_max} (every rank's buffer holds that "
                                    "many; pass a larger max_tokens, or feed fewer tokens per forward)")
+        epilogue = _epilogue(module, st)
     except InputError as exc:
         arg = str(exc)[len(st.name) + 2:].split(" ", 1)[0].rstrip(":,")
         buf.ctx.refuse(_GROUP_ARGS.get(arg, "x"))  # the peers' call stops at its barrier, naming this rank
@@ -402,6 +335,7 @@ def _run_sharded(module, st: _State, hidden_states, top_k_index, top_k_weights):
     if hp != h:
         x = torch.nn.functional.pad(x, (0, hp - h))  # zero columns meet the weights' zero columns
     kwargs = {} if st.settings.schedule is None else {"schedule": st.settings.schedule}
+    kwargs.update(epilogue)
     y = fused_moe(x, top_k_index.contiguous(), top_k_weights.to(torch.float32).contiguous(), st.w1t, st.w2, buf,
                   w1_layout="concatenated", check=st.settings.check, **kwargs)
     return y[:, :h].contiguous() if hp != h else y
@@ -429,9 +363,12 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
         return _run(self, hidden_states, top_k_index, top_k_weights)
 
 
+@_eager_under_compile
 def _fp8_experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    raise _refuse(type(self).__name__, "FP8 experts (fine-grained FP8 checkpoints) do not run on xstage's backend "
-                                       "yet; load with another experts_implementation")
+    """The same, for transformers' fine-grained FP8 experts (`FP8ExpertsInterface`): BF16 tokens in and
+    out, the checkpoint's e4m3 weights and 128x128 scales read in place by the FP8 fused layer."""
+    with _on_device(self.gate_up_proj.device):
+        return _run(self, hidden_states, top_k_index, top_k_weights)
 
 
 def _experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
@@ -484,7 +421,7 @@ def prepare(model, *, config: BlockConfig | None = None, schedule: str | None = 
             raise _refuse(name, f"{_SHARDS[m].describe()}: its settings are expert_parallel's (call prepare "
                                 "before expert_parallel, or not at all)")
         _check_module(m, name)
-        states.append((m, _State(name, settings)))
+        states.append((m, _State(m, name, settings)))
     for m, st in states:
         _STATES[m] = st  # a state from an earlier call or prepare goes first, and its copy with it
         with _on_device(m.gate_up_proj.device):
@@ -503,7 +440,7 @@ def memory(model) -> Memory:
     served = [m for m in model.modules() if m in _STATES]
     states = [_STATES[m] for m in served]
     bufs = {id(st.buf): st.buf for st in states if st.buf is not None}
-    experts = sum(_nbytes(m.gate_up_proj) + _nbytes(m.down_proj) for m in served)
+    experts = sum(_nbytes(p) for m in served for p in kw.params(m))
     return Memory(sum(st.extra_bytes() for st in states), sum(b.total_bytes() for b in bufs.values()), len(states),
                   experts)
 

@@ -12,9 +12,10 @@ outputs are all-reduced; a model sharded that way (DTensor weights) is refused.
 Algorithm:
 1. Check every experts module (what the kernel can honour, as at EP = 1; the expert count a multiple
    of the group size; the top-k in the model's config) before any is changed.
-2. Per module, keep only this rank's experts: `gate_up_proj` and `down_proj` become new parameters
-   holding experts [r * E / R, (r + 1) * E / R) (the full ones are freed once nothing else holds
-   them), `num_experts` stays E, so the router's ids stay global and the kernel maps them to ranks.
+2. Per module, keep only this rank's experts: `gate_up_proj` and `down_proj` (with their biases, and
+   an FP8 checkpoint's scales) become new parameters holding experts [r * E / R, (r + 1) * E / R) (the
+   full ones are freed once nothing else holds them), `num_experts` stays E, so the router's ids stay
+   global and the kernel maps them to ranks.
    `state_dict`, `save_pretrained` and `load_state_dict` of a sharded module are refused in one line
    (a shard under the full model's names would load as garbage or not at all).
 3. Make the group's MoE buffers, one per shape shared by the blocks, each for `max_tokens` tokens per
@@ -47,6 +48,7 @@ from xstage.integrations.transformers.backend import (
     require_transformers,
     served_modules,
 )
+from xstage.integrations.transformers.weights import param_names
 from xstage.moe import BlockConfig
 
 
@@ -120,7 +122,7 @@ def expert_parallel(model, group=None, *, config: BlockConfig | None = None, sch
         shard = Shard(name, group, rank, ranks, e, k, settings)
         mine = slice(shard.first, shard.first + shard.local)
         with torch.no_grad():
-            for p in ("gate_up_proj", "down_proj"):
+            for p in param_names(m):  # weights, FP8 scales and biases: each holds the experts along dim 0
                 full = getattr(m, p)
                 # A copy, not a view: a view would keep the whole tensor's storage alive.
                 setattr(m, p, torch.nn.Parameter(full.detach()[mine].clone(), requires_grad=full.requires_grad))
@@ -129,7 +131,7 @@ def expert_parallel(model, group=None, *, config: BlockConfig | None = None, sch
         refuse = _refuse_state_dict(shard)
         m.register_state_dict_pre_hook(refuse)
         m.register_load_state_dict_pre_hook(refuse)
-        st = _State(name, settings, shard)
+        st = _State(m, name, settings, shard)
         _STATES[m] = st  # a state of an earlier prepare goes, and its copy with it
         with _on_device(m.gate_up_proj.device):
             _build_weights(m, st)
