@@ -277,10 +277,25 @@ def test_exchange_spellings_round_trip():
                         ("overlap:cudnn:4:even", "overlap:cudnn:4"),
                         ("overlap:triton:3:waves", "overlap:triton:3:waves"),
                         ("stores", "stores:paced"), ("stores:paced:16", "stores:paced:16"),
-                        ("stores:burst", "stores:burst"), ("tma", "tma"), ("auto", "auto")):
+                        ("stores:burst", "stores:burst"), ("tma", "tma"), ("auto", "auto"),
+                        ("heads:cudnn:4", "heads:cudnn:4"), ("heads:triton:1", "heads:triton:1")):
         ex = parse_exchange(text)
         assert str(ex) == canon and parse_exchange(str(ex)) == ex
     assert parse_exchange("stores:burst").in_kernel and not parse_exchange("overlap").in_kernel
+    assert parse_exchange("heads:cudnn:3").chunks == 3 and not parse_exchange("heads:cudnn:3").in_kernel
+    for bad, message in (("heads", "expected one of"), ("heads:cudnn", "expected one of"),
+                         ("heads:cudnn:0", r"C \(head chunks\) must be an integer in \[1, 1024\], got '0'"),
+                         ("heads:cudnn:x", "C \\(head chunks\\)"), ("heads:flash:2", "attention core 'flash'"),
+                         ("heads:triton:2:waves", "expected one of")):
+        with pytest.raises(InputError, match=message):
+            parse_exchange(bad)
+
+
+def test_head_chunks_refuse_a_loopback_context_before_any_work():
+    q = torch.randn(1, 8, 4, 32)
+    with create_context(path="host", loopback_world=2) as ctx:
+        with pytest.raises(InputError, match=r"^exchange 'heads:triton:2': runs on a torch\.distributed group"):
+            ulysses_attention(q, q, q, comm=ctx, exchange="heads:triton:2")
 
 
 def _tiles(ranges, heads, block_m):

@@ -371,7 +371,7 @@ SCENARIOS = {
     # 7 text tokens split 4 + 3: the ranks hold 12 and 11 tokens. The image tokens split evenly: diffusers
     # gathers the output with one all_gather, which gloo refuses for unequal shards (NCCL takes them).
     "uneven": _flux_case(3, 2, 7, 16, anything=True),
-    "exchanges": _flux_case(3, 2, 7, 16, exchanges=("serial", "overlap", "stores"), anything=True),
+    "exchanges": _flux_case(3, 2, 7, 16, exchanges=("serial", "overlap", "stores", "heads:triton:2"), anything=True),
     "control": _control,
     "refusals": _refusals,
     "wan": _wan,

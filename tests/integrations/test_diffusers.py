@@ -64,7 +64,7 @@ def test_flux_uneven_sequence_with_ulysses_anything(ranks):
         _xstage_ran(res["auto"], calls=2)
 
 
-@pytest.mark.parametrize("exchange", ["serial", "overlap", "stores"])
+@pytest.mark.parametrize("exchange", ["serial", "overlap", "stores", "heads:triton:2"])
 def test_every_exchange_policy(ranks, exchange):
     for res in _per_rank(ranks, "exchanges"):
         assert res[exchange]["err"] <= TOL[torch.float32]

@@ -15,6 +15,8 @@ Algorithm (P ranks, rank r owns heads `head0[r]:head0[r+1]` after the first exch
      owners' buffers from its epilogue and raises each owner's per-source counter; the receiver
      waits for its counters (a one-program kernel, bounded by the context's timeout);
    - `auto` (the default): the planner's pick (`xstage.sched`).
+   Or both exchanges pipelined by head chunks, `heads:CORE:C` (`xstage.attention.pipeline`), on a
+   torch.distributed group.
 
 Any head count and sequence length work: heads and tokens are split with the first `n % P` ranks
 taking one more, so a rank may hold no token or own no head and still takes its part. Before any
@@ -66,6 +68,7 @@ from xstage.attention.overlap import (
     stage_offset,
     unpack_stage,
 )
+from xstage.attention.pipeline import run_heads
 from xstage.bounds import check_instance
 from xstage.comm import CommContext, create_context
 from xstage.comm.device import use_ptx
@@ -257,7 +260,8 @@ def ulysses_attention(
     `group`: ProcessGroup (None: the world group). `comm`: an `xstage.comm` context instead (a
     loopback context makes one device play one rank). `exchange`: how the output reaches the ranks
     that own its rows, one of the spellings of `xstage.attention.exchange` (`serial`, `overlap`,
-    `stores`, `tma`, `auto`; None means `auto`, the planner's pick for this shape, group size, path
+    `stores`, `tma`, `auto`, or `heads:CORE:C`, which pipelines both exchanges by head chunks on a
+    torch.distributed group; None means `auto`, the planner's pick for this shape, group size, path
     and dtype: `xstage.sched.policy.choose_exchange`). `calibration`: a user's calibration folder (or
     `xstage.sched.calibration.Calibration`) that `auto` decides with instead of the embedded one (default:
     the setting `XSTAGE_CALIBRATION`, else the embedded calibration). `mode` ("fused" or "serial") is
@@ -296,6 +300,9 @@ def _ulysses(q, k, v, group, ex: Exchange | None, refusal: InputError | None, *,
             scale, lens = check_call(q, k, v, softmax_scale=softmax_scale, seq_lens=seq_lens, config=config,
                                      world=world, rank=rank)
             check_runnable(ex, q.device)
+            if ex.mechanism == "heads" and ctx is not None and ctx.loopback:
+                raise InputError(f"exchange {str(ex)!r}: runs on a torch.distributed group (its Q, K, V go by "
+                                 "the group's all-to-all); a loopback context does not stage that exchange yet")
             calibration = calibration_of(calibration)  # a bad folder is a refusal the group hears of
         except InputError as e:
             refusal = e
@@ -314,13 +321,15 @@ def _ulysses(q, k, v, group, ex: Exchange | None, refusal: InputError | None, *,
     cfg = config or default_config(D, q.dtype, q.device)
     if world == 1:
         out = torch.empty_like(q)
-        attend("cudnn" if ex.mechanism in ("serial", "overlap") and ex.core == "cudnn" else "triton", q, k, v,
+        attend("cudnn" if ex.mechanism in ("serial", "overlap", "heads") and ex.core == "cudnn" else "triton", q, k, v,
                out, softmax_scale=scale, config=cfg)
         return out
     path = ctx.path if ctx is not None else "peer"
     if ex.mechanism == "auto":
         ex = resolve_auto(plan, q.dtype, path, q.device, calibration=calibration)
     check_runnable(ex, q.device)
+    if ex.mechanism == "heads":
+        return run_heads(plan, ex, q, k, v, group, softmax_scale=scale, config=cfg)
     h0, h1 = plan.head0[rank], plan.head0[rank + 1]
     kf = vf = None
     if not on_group:

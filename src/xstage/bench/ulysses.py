@@ -120,6 +120,9 @@ def check_variants(variants) -> list[str]:
             continue
         ex = parse_exchange(v)
         check_runnable(ex, torch.device("cpu"))  # `tma` cannot run: say so before any GPU work
+        if ex.mechanism == "heads":
+            raise InputError(f"--exchange {ex}: this grid times rank 0 of a loopback group, whose Q, K, V exchange "
+                             "is not staged on the path; heads:CORE:C runs on a torch.distributed group")
         out.append(str(ex))
     if len(set(out)) != len(out):
         raise InputError(f"--exchange: a variant is named twice in {','.join(variants)}")

@@ -106,7 +106,8 @@ def enable(transformer, *, exchange="auto", calibration=None) -> None:
 
     Call it after `transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=P))`, on
     every rank. `exchange`: how the attention output reaches its rows' owners (`serial`, `overlap`,
-    `stores`, `auto`; see `xstage.attention.exchange`). `calibration`: a user's calibration folder (or
+    `stores`, `auto`), or `heads:CORE:C`, both exchanges pipelined by head chunks; see
+    `xstage.attention.exchange`. `calibration`: a user's calibration folder (or
     `xstage.sched.calibration.Calibration`) that `auto` decides with. Inference only.
     `disable(transformer)` restores the backends the processors had.
     """

@@ -171,8 +171,9 @@ def _rank0(heads: int, dim: int, tokens: int, ranks: int) -> UlyssesPlan:
 def check_predictable(ex: str | Exchange) -> Exchange:
     """`ex` parsed, or an `InputError` when the planner cannot predict it (`auto`, `tma`)."""
     ex = parse_exchange(ex)
-    if ex.mechanism in ("auto", "tma"):
-        raise InputError(f"exchange {str(ex)!r}: the planner predicts serial, overlap and stores only")
+    if ex.mechanism in ("auto", "tma", "heads"):
+        raise InputError(f"exchange {str(ex)!r}: the planner predicts serial, overlap and stores only (the whole "
+                         "layer, heads:CORE:C included: xstage.sched.layer, `xstage plan layer`)")
     return ex
 
 

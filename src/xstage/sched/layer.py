@@ -4,7 +4,8 @@ Problem: `xstage.sched.exchange` predicts attention and the post-attention excha
 its rows' owners). A layer also runs the pre-attention exchange (Q, K and V: three times O's bytes),
 which today runs alone before attention. This module predicts the three together under each
 candidate scheme, ranks them (`plan_layer`) and states a lower bound that no scheme of the model can
-beat (`layer_bound`). It decides nothing for a kernel: no kernel overlaps the pre exchange yet.
+beat (`layer_bound`). It decides nothing for a call: `heads:CORE:C` runs on torch.distributed groups
+(`xstage.attention.pipeline`) but has not been measured, so `exchange="auto"` does not use this model.
 
 Model (rank 0 of P, the rank with the most heads and tokens; batch B, e bytes per element; rank 0
 holds h of H heads after the pre exchange and S_0 of S tokens):
@@ -210,12 +211,12 @@ def parse_scheme(text: str) -> tuple[str, str, int]:
     the planner predicts -> ("exchange", its canonical spelling, 1)."""
     if not isinstance(text, str):
         raise InputError(f"scheme {text!r}: expected a string (heads:CORE:C or an exchange spelling)")
-    parts = text.split(":")
-    if parts[0] == PIPELINE:
-        if len(parts) != 3 or parts[1] not in CORES or not parts[2].isdigit() or int(parts[2]) < 1:
-            raise InputError(f"scheme {text!r}: expected heads:CORE:C with CORE one of {', '.join(CORES)} "
-                             "and C >= 1 head chunks")
-        return PIPELINE, parts[1], int(parts[2])
+    if text.split(":")[0] == PIPELINE:
+        try:
+            ex = parse_exchange(text)
+        except InputError as exc:
+            raise InputError(f"scheme {text!r}: expected heads:CORE:C ({exc})") from None
+        return PIPELINE, ex.core, ex.chunks
     return "exchange", str(check_predictable(text)), 1
 
 

@@ -222,9 +222,9 @@ def choose_layer(heads: int, dim: int, tokens: int, ranks: int, *, path: str, dt
                  schemes: Sequence[str] | None = None, costs: ExchangeCosts | None = None) -> Decision:
     """The scheme of a whole Ulysses layer (pre exchange, attention, post exchange) with the lowest
     predicted time for rank 0 (`xstage.sched.layer`): today's exchanges with the pre exchange before
-    them, and head-chunk pipelines of both exchanges (`heads:CORE:C`). A prediction only: no kernel
-    overlaps the pre exchange yet, so `exchange="auto"` does not call it, and no prediction of it has
-    been measured (`validated` is False; `note` gives the layer's lower bound). `costs`: host-path
+    them, and head-chunk pipelines of both exchanges (`heads:CORE:C`). A prediction only: the head-chunk
+    pipeline runs on torch.distributed groups but no prediction of it has been measured, so
+    `exchange="auto"` does not call it (`validated` is False; `note` gives the layer's lower bound). `costs`: host-path
     exchange costs (default: the embedded fit)."""
     path = _check_path(path)
     if costs is not None and not isinstance(costs, ExchangeCosts):

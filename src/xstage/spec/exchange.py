@@ -1,4 +1,4 @@
-"""How Ulysses attention moves its output to the ranks that own the rows: one type, one parser.
+"""How a Ulysses layer moves its tensors between the ranks: one type, one parser.
 
 Spellings (API `exchange=`, `xstage bench ulysses --exchange`, `xstage plan ulysses --candidates`,
 `xstage plan validate --exchange`, the `variant` column of the CSVs):
@@ -9,6 +9,10 @@ Spellings (API `exchange=`, `xstage bench ulysses --exchange`, `xstage plan ulys
 - `stores[:burst | :paced[:R]]`: the Triton kernel stores each finished tile from its epilogue,
   whole (`burst`) or in chunks of R rows during the next tile's key loop (`paced`, the default);
 - `tma`: the Triton kernel sends each tile with bulk (TMA) stores from shared memory;
+- `heads:CORE:C`: both exchanges pipelined by head chunks: every rank's heads in C chunks, each
+  chunk's Q, K and V sent as its own all-to-all, and each chunk's attention run once they arrived
+  while later chunks' Q, K, V and earlier chunks' O cross the link (`xstage.attention.pipeline`; on a
+  torch.distributed group). The others above move the output only, after one all-to-all of Q, K, V;
 - `auto`: the planner's pick for the call's shape, group size, path and dtype (`serial` when some rank
   owns no head, H < P, which the planner does not model): `xstage.sched.policy.choose_exchange`.
 
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 
 from xstage.errors import InputError
 
-MECHANISMS = ("serial", "overlap", "stores", "tma", "auto")
+MECHANISMS = ("serial", "overlap", "stores", "tma", "heads", "auto")
 CORES = ("triton", "cudnn")
 CUTS = ("even", "waves")  # how `overlap` cuts the remote rows into blocks; the first is the default
 # mechanisms that wait on per-tile or per-block signals from their peers (the watchdog applies)
@@ -49,8 +53,11 @@ class Exchange:
     chunk_rows: int = 0
     blocks: int = 0
     cut: str = CUTS[0]
+    chunks: int = 0  # `heads`: head chunks per rank
 
     def __str__(self) -> str:
+        if self.mechanism == "heads":
+            return f"heads:{self.core}:{self.chunks}"
         if self.mechanism in ("serial", "overlap"):
             if self.cut != CUTS[0]:
                 return f"{self.mechanism}:{self.core}:{self.blocks}:{self.cut}"
@@ -69,7 +76,8 @@ class Exchange:
 
 
 _FORMS = ("serial[:triton|cudnn], overlap[:triton|cudnn[:BLOCKS[:even|waves]]], stores[:burst|:paced[:R]], tma, "
-          "auto (R rows per chunk, a power of two; BLOCKS >= 2)")
+          "heads:triton|cudnn:C, auto (R rows per chunk, a power of two; BLOCKS >= 2; C >= 1 head chunks)")
+MAX_CHUNKS = 1024  # head chunks of `heads`: at most one per head of the largest head count a call takes
 
 
 def parse_exchange(spec) -> Exchange:
@@ -110,6 +118,16 @@ def parse_exchange(spec) -> Exchange:
                 raise InputError(f"exchange {spec!r}: R (rows per chunk) must be a power of two, got {rest[1]!r}")
             return Exchange("stores", chunk_rows=rows)
         raise bad()
+    if kind == "heads":
+        if len(rest) != 2:
+            raise bad()
+        if rest[0] not in CORES:
+            raise InputError(f"exchange {spec!r}: attention core {rest[0]!r} must be one of {', '.join(CORES)}")
+        chunks = _int(rest[1])
+        if chunks is None or not 1 <= chunks <= MAX_CHUNKS:
+            raise InputError(f"exchange {spec!r}: C (head chunks) must be an integer in [1, {MAX_CHUNKS}], got "
+                             f"{rest[1]!r}")
+        return Exchange("heads", core=rest[0], chunks=chunks)
     if kind in ("tma", "auto") and not rest:
         return Exchange(kind)
     raise bad()
@@ -122,4 +140,4 @@ def _int(text: str):
         return None
 
 
-__all__ = ["CORES", "CUTS", "Exchange", "MECHANISMS", "SIGNALLED", "parse_exchange"]
+__all__ = ["CORES", "CUTS", "Exchange", "MAX_CHUNKS", "MECHANISMS", "SIGNALLED", "parse_exchange"]
