@@ -26,7 +26,7 @@ def test_env_json_reports_versions(capsys):
     ([], "give a COMMAND, one of env, probe, bench, model, fit, plan, demo"),
     (["plan"], "give a KERNEL, one of moe, ulysses, exchange-costs, layer, layer-grid, attention-costs, calibrate, "
                "validate"),
-    (["bench"], "give a GRID, one of ulysses, moe, moe-calls"),
+    (["bench"], "give a GRID, one of ulysses, moe, moe-calls, experts"),
 ])
 def test_a_missing_subcommand_is_a_usage_error(argv, choices, capsys):
     assert main(argv) == 2  # a user error, not exit 1 (an internal error)

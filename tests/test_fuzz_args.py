@@ -81,7 +81,21 @@ def _calls_text() -> str:
     return "\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n"
 
 
-FILES = {"moe.csv": MOE.text, "calls/moe-calls.csv": _calls_text(),
+def _experts_text() -> str:
+    """A valid `experts.csv` of one configuration: both sides, machine columns included."""
+    from xstage.integrations.transformers.bench import COLUMNS
+    from xstage.results.io import ENV_COLUMNS
+
+    side = dict(arch="qwen3-30b-a3b", shape="H2048-I768-E128-K8", tokens=64, routing="uniform", dtype="bf16",
+                call_ns=500000, host_ns=30000, host_p10_ns=20000, host_p90_ns=40000, launches=3, syncs=0,
+                graph_ns=410000, call_note="", max_err=0.001, gpu="NVIDIA H200", driver="1", torch="2", triton="3",
+                git_commit="abc1234", src_hash="", date="2026-01-01")
+    cols = [*COLUMNS, *ENV_COLUMNS]
+    rows = [dict(side, side="xstage"), dict(side, side="grouped_mm")]
+    return "\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n"
+
+
+FILES = {"moe.csv": MOE.text, "calls/moe-calls.csv": _calls_text(), "experts/experts.csv": _experts_text(),
          "uly.csv": ULY.text, "data.csv": REFERENCE.text, "profile.json": PROFILE_JSON.read_text(),
          "costs.json": COSTS_JSON.read_text(),
          "grid/moe.csv": committed(MOE_CSV, 4), "grid/ulysses.csv": ULY.text, "grid/core.csv": committed(CORE_CSV, 4),
@@ -123,6 +137,8 @@ BASES = {
                        Base(("bench", "moe", "-o", "new", "--json"), GPU)],
     ("bench", "moe-calls"): [Base(("bench", "moe-calls", "-o", "calls", "--summarize-only", "--json")),
                              Base(("bench", "moe-calls", "-o", "new", "--json"), GPU)],
+    ("bench", "experts"): [Base(("bench", "experts", "-o", "experts", "--summarize-only", "--json")),
+                           Base(("bench", "experts", "-o", "new", "--json"), GPU)],
     ("model",): [Base(("model", "--burst", "64KiB", "--json")), Base(("model", "--plot", "plots", "--json"))],
     ("fit",): [Base(("fit", "data.csv", "-o", "p.json", "--bootstrap", "0", "--structure", "base", "--json"))],
     ("plan", "moe"): [Base(PLAN_MOE)],

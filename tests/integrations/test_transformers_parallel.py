@@ -154,10 +154,11 @@ def test_fp8_checkpoint_shards_weights_and_scales_and_meets_the_fp8_bounds(tmp_p
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_ranks_sharing_one_gpu_match_eager(tmp_path, world):
+def test_ranks_sharing_one_gpu_match_eager(tmp_path, world, arch):
     for dtype in ("float32", "float16"):
-        recs = _spawn(tmp_path / dtype, dict(arch="qwen3_moe", dtype=dtype, max_tokens=64), world=world)
+        recs = _spawn(tmp_path / dtype, dict(arch=arch, dtype=dtype, max_tokens=64), world=world)
         for r, rec in enumerate(recs):
             _assert_matches_eager(rec, r)
             assert rec["memory"]["experts"] * world == rec["memory"]["full"]

@@ -132,6 +132,8 @@ def test_fp8_layer_meets_the_accuracy_targets_on_the_gpu(tma):
     for s in SCHEDULES[1:]:
         assert torch.equal(outs[s], outs[SCHEDULES[0]]), s
     y = outs[SCHEDULES[0]]
+    # a checkpoint's own [gate; up] weights and scale rows, read in place: bit for bit the same y
+    assert torch.equal(fused_moe(x, idx, w, (l1, s1), w2, buf, schedule=SCHEDULES[0], w1_layout="concatenated"), y)
     assert y.dtype == torch.bfloat16 and bool(torch.isfinite(y).all())
     assert _rel_err(y, _reference(x, idx, w, weights, R)) <= TOL
     # float32 on dequantized weights, activations unquantized

@@ -15,6 +15,7 @@ from xstage.cli import env as env_commands
 from xstage.cli import model as model_commands
 from xstage.cli import plan as sched_commands
 from xstage.cli import probe as probe_commands
+from xstage.cli.bench import experts as bench_experts
 from xstage.cli.bench import moe as bench_moe
 from xstage.cli.bench import moe_calls as bench_moe_calls
 from xstage.cli.bench import ulysses as bench_ulysses
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     env_commands.register(sub)
     probe_commands.register(sub)
-    bench_commands.register(sub, (bench_ulysses, bench_moe, bench_moe_calls))
+    bench_commands.register(sub, (bench_ulysses, bench_moe, bench_moe_calls, bench_experts))
     model_commands.register(sub)
     sched_commands.register(sub)
     demo_command.register(sub)

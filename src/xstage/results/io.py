@@ -184,6 +184,7 @@ def _article(name: str) -> str:
 CSV_KINDS = {
     "moe": CsvKind("MoE results", "`xstage bench moe`", ("shape", "H", "I", "E", "K", "ep", "variant")),
     "moe-calls": CsvKind("MoE call comparison", "`xstage bench moe-calls`", ("model", "side", "call_ns")),
+    "experts": CsvKind("experts backend comparison", "`xstage bench experts`", ("arch", "routing", "side", "call_ns")),
     "ulysses": CsvKind("Ulysses results", "`xstage bench ulysses`", ("heads", "dim", "tokens", "P", "variant")),
     "ulysses-core": CsvKind("attention-core results", "`xstage bench ulysses --core`",
                             ("impl", "layout", "ratio_vs_cudnn")),

@@ -1,5 +1,5 @@
-"""Expert biases and GPT-OSS's clamped SwiGLU in the fused kernel, under Triton's interpreter (fp16/fp32,
-small shapes), against the plain-torch reference in float64."""
+"""Expert biases and GPT-OSS's clamped SwiGLU in the fused kernel, against the plain-torch reference in
+float64: under Triton's interpreter (fp16/fp32, small shapes), and on the GPU in BF16 (`-m gpu`)."""
 
 import dataclasses
 
@@ -142,3 +142,22 @@ def test_fp8_buffers_refuse_biases_and_other_activations():
                     (dict(activation=GPT_OSS), "activation")):
         with pytest.raises(InputError, match=rf"^{arg}: an FP8 buffer runs plain SwiGLU experts without biases"):
             fused_moe(x, idx, w, None, None, buf, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("activation", [GPT_OSS, TIGHT, "silu"], ids=["gptoss", "clamped", "silu"])
+def test_biases_and_activation_in_bf16_on_the_gpu(activation):
+    # The GPU kernel at its default tiles (TMA), BF16, against float64: max|y - ref| / max|ref| <= 1e-2;
+    # the layouts agree bit for bit.
+    T, E, K, H, I, R = 96, 8, 2, 512, 256, 2
+    x, idx, w, l1, l2, b1, b2 = _problem(T, E, K, H, I, R, torch.bfloat16, seed=11)
+    ref = _reference(x, idx, w, l1, l2, R, b1, b2, activation)
+    x, idx, w, l1, l2, b1, b2 = (t.cuda() for t in (x, idx, w, l1, l2, b1, b2))
+    buf = MoEBuffer(T, E, K, H, I, LoopbackGroup(R), device="cuda", dtype="bf16")
+    epilogue = dict(b1=b1, b2=b2, activation=activation)
+    y = fused_moe(x, idx, w, *transform_weights(l1, l2, buf.cfg.block_n1), buf, **epilogue)
+    assert y.dtype == torch.bfloat16 and bool(torch.isfinite(y).all())
+    err = float((y.double().cpu() - ref).abs().max() / ref.abs().max())
+    assert err <= 1e-2, err
+    assert torch.equal(fused_moe(x, idx, w, l1.contiguous(), l2, buf, w1_layout="concatenated", **epilogue), y)
