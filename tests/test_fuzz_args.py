@@ -91,7 +91,7 @@ def _experts_text() -> str:
                 graph_ns=410000, call_note="", max_err=0.001, gpu="NVIDIA H200", driver="1", torch="2", triton="3",
                 git_commit="abc1234", src_hash="", date="2026-01-01")
     cols = [*COLUMNS, *ENV_COLUMNS]
-    rows = [dict(side, side="xstage"), dict(side, side="grouped_mm")]
+    rows = [dict(side, side="xstage", kernel="fused"), dict(side, side="grouped_mm", kernel="grouped_mm")]
     return "\n".join([",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in rows]) + "\n"
 
 

@@ -6,6 +6,9 @@ Three choices are open to the planner, and each has one function:
   jointly with it;
 - `choose_exchange`: the output exchange of a Ulysses attention call (`exchange="auto"`).
 
+`choose_experts` picks the kernel of a transformers experts call (the fused layer, or transformers'
+`grouped_mm` chain where that was measured faster; `xstage.sched.experts`).
+
 `choose_layer` ranks the schemes of a whole Ulysses layer (both exchanges and attention) the same
 way; it is a prediction that no kernel asks for yet.
 
@@ -47,6 +50,7 @@ from xstage.model.interference import load_default_interference
 from xstage.sched.calibration import calibration_of
 from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import ExchangeCosts, default_exchange_costs, plan_exchange
+from xstage.sched.experts import ExpertsCalls, default_experts_calls
 from xstage.sched.layer import LayerConfig, layer_bound, plan_layer
 from xstage.sched.moe import FP8_ELEM_BYTES, MoeConfig, routes_rows
 from xstage.sched.pacing import resolve_pacing
@@ -68,8 +72,8 @@ KINDS = tuple(VALIDATED_PATHS)
 class Decision:
     """One choice of the planner.
 
-    `kind`: "schedule", "pacing", "exchange" or "layer" (`choose_layer`, a prediction no kernel asks
-    for yet); `choice`: its spelling (a schedule name, a pacing spec
+    `kind`: "schedule", "pacing", "exchange", "experts" (`choose_experts`: "fused" or "grouped_mm") or
+    "layer" (`choose_layer`, a prediction no kernel asks for yet); `choice`: its spelling (a schedule name, a pacing spec
     of `xstage.spec.pacing`, an exchange of `xstage.spec.exchange`); `predicted_ns`: the alternatives
     as `(spelling, predicted ns)`, fastest first as the planner ranked them (for a joint pacing, the
     spelling is `SCHEDULE@PACING`); empty where nothing was predicted (`note` says why). `path`,
@@ -238,6 +242,25 @@ def choose_layer(heads: int, dim: int, tokens: int, ranks: int, *, path: str, dt
     return _decided(Decision("layer", preds[0].scheme, tuple((p.scheme, p.time_ns) for p in preds), path, dtype,
                              label, False, f"lower bound {bound.time_ns / 1e3:.1f} us; the pre exchange and the "
                              "head-chunk schemes are predicted, not measured"))
+
+
+def choose_experts(shape: str, tokens: int, *, dtype: str, gpu: str, graph: bool = False,
+                   calls: ExpertsCalls | None = None) -> Decision:
+    """The kernel of one transformers experts call of `tokens` tokens at `shape` (`H-I-E-K`, the module's
+    own sizes) on `gpu` (its name, as torch reports it): "fused" unless transformers' `grouped_mm` chain
+    was measured faster there by more than the data's margin, eager or (`graph`) under CUDA-graph
+    capture. `calls`: measurements to decide on (default: the embedded ones). Without a measurement of
+    this GPU, dtype and shape the choice is "fused", and the note says so."""
+    calls = default_experts_calls() if calls is None else calls
+    mode = "graph" if graph else "eager"
+    pred = {k: calls.predict(gpu, dtype, shape, k, mode, tokens) for k in ("fused", "grouped_mm")}
+    if None in pred.values():
+        return Decision("experts", "fused", (), "-", dtype, calls.source, False,
+                        f"no {mode} measurement of {shape} {dtype} on {gpu}: the fused layer")
+    ranked = tuple(sorted(pred.items(), key=lambda kv: kv[1]))
+    choice = "grouped_mm" if pred["grouped_mm"] < pred["fused"] * (1 - calls.margin) else "fused"
+    return Decision("experts", choice, ranked, "-", dtype, calls.source, True,
+                    f"{mode}, measured on {gpu}, interpolated to {tokens} tokens")
 
 
 def buffer_config(buf, tokens_per_rank: int) -> MoeConfig:

@@ -38,6 +38,7 @@ from xstage.integrations.transformers.backend import (
     Memory,
     Settings,
     Shard,
+    decisions,
     experts_forward,
     memory,
     prepare,
@@ -47,5 +48,5 @@ from xstage.integrations.transformers.backend import (
 )
 from xstage.integrations.transformers.parallel import expert_parallel
 
-__all__ = ["DEFAULT_MAX_TOKENS", "EXTRA", "NAME", "TESTED", "Memory", "Settings", "Shard", "expert_parallel",
-           "experts_forward", "memory", "prepare", "register", "release", "require_transformers"]
+__all__ = ["DEFAULT_MAX_TOKENS", "EXTRA", "NAME", "TESTED", "Memory", "Settings", "Shard", "decisions",
+           "expert_parallel", "experts_forward", "memory", "prepare", "register", "release", "require_transformers"]

@@ -18,7 +18,11 @@ Algorithm, per experts module:
    parameter's identity, storage, version counter (in-place writes such as `load_state_dict`), dtype,
    device or shape changes (`.to()`, `.half()`). At EP = 1 the parameters are never touched, so
    `state_dict` and `save_pretrained` write the original layout.
-3. Per call: pad the tokens' hidden size if needed, run `fused_moe` on a buffer shared by the model's
+3. Per call at EP = 1, the planner's choice of kernel (`xstage.sched.policy.choose_experts`, cached per
+   token count): transformers' own `grouped_mm` chain where it was measured faster on this GPU, shape
+   and dtype (eager, or under CUDA-graph capture), else the fused layer; `decisions(model)` lists them
+   and `kernel="fused"` (`prepare`) turns the choice off. FP8 experts and sharded ones always run fused.
+4. Per fused call: pad the tokens' hidden size if needed, run `fused_moe` on a buffer shared by the model's
    blocks of one shape, cut the padding off. At EP = 1 a call runs in chunks of at most `max_tokens`
    tokens; on a group every rank makes exactly one kernel call per experts call (the group's barrier),
    and a call of more than `max_tokens` tokens is refused on every rank.
@@ -41,11 +45,14 @@ from dataclasses import dataclass
 import torch
 
 from xstage.bounds import check_instance, check_int
+from xstage.dtypes import dtype_name
 from xstage.errors import InputError, XstageError
 from xstage.integrations.transformers import weights as kw
 from xstage.integrations.transformers.weights import refuse as _refuse
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe
 from xstage.moe.fused import check_mode
+from xstage.sched.experts import ExpertsCalls
+from xstage.sched.policy import Decision, choose_experts
 from xstage.spec.moe import MAX_TOKENS_PER_RANK
 from xstage.spec.schedule import check_schedule
 
@@ -54,6 +61,8 @@ EXTRA = "xstage[transformers]"
 # The transformers releases this module was tested against: pyproject's `transformers` extra, kept equal.
 TESTED = ((5, 17), (5, 18))  # [low, high)
 DEFAULT_MAX_TOKENS = 4096  # tokens per fused_moe call: EP = 1 chunks longer calls, a group refuses them
+KERNELS = ("auto", "fused")  # Settings.kernel: the planner's choice per call, or the fused layer always
+_CHOICES_KEPT = 4096  # decisions cached per module (token counts x capture), then the cache starts afresh
 _MIN_TOKENS = 16  # the smallest buffer: decode steps of a few tokens share it
 
 LOG = logging.getLogger("xstage.integrations.transformers")
@@ -89,13 +98,18 @@ def register() -> None:
 @dataclass(frozen=True)
 class Settings:
     """How a module's experts run: the kernel's tiles (`config`, None: `BlockConfig()`), the order
-    (`schedule`, None: `fused_moe`'s default), the most tokens of one kernel call (`max_tokens`) and
-    when the kernel's recorded errors are raised (`check`, as `fused_moe` takes it)."""
+    (`schedule`, None: `fused_moe`'s default), the most tokens of one kernel call (`max_tokens`), when
+    the kernel's recorded errors are raised (`check`, as `fused_moe` takes it), which kernel runs a call
+    (`kernel`: "auto", the planner's choice between the fused layer and transformers' `grouped_mm`;
+    "fused": the fused layer always) and the measurements that choice stands on (`calls`, None: the
+    embedded ones, `xstage.sched.experts`)."""
 
     config: BlockConfig | None = None
     schedule: str | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     check: bool | str = "async"
+    kernel: str = "auto"
+    calls: ExpertsCalls | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,7 @@ class _State:
         self.w1t = self.w2 = self.b1 = self.b2 = None  # the biases: None for modules without them
         self.held = 0  # bytes of those that are copies, not aliases
         self.buf: MoEBuffer | None = None
+        self.choices: dict[tuple[int, bool], Decision] = {}  # (tokens, under capture) -> the kernel's choice
 
     def extra_bytes(self) -> int:
         return self.held
@@ -285,6 +300,8 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
     tokens, topk = top_k_index.shape
     if tokens == 0:
         return torch.zeros_like(hidden_states)
+    if _choice(module, st, hidden_states, tokens, topk) == "grouped_mm":
+        return _grouped_mm(module, hidden_states, top_k_index, top_k_weights)
     buf = _buffer(st, module, tokens, topk)
     x = hidden_states.contiguous()
     if hp != h:
@@ -300,6 +317,36 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
         outs.append(fused_moe(x[sl], idx[sl], w[sl], w1, w2, buf, w1_layout="concatenated", **kwargs))
     y = outs[0] if len(outs) == 1 else torch.cat(outs)
     return y[:, :h].contiguous() if hp != h else y
+
+
+def _choice(module, st: _State, x, tokens: int, topk: int) -> str:
+    """The kernel of this call (module docstring, step 3)."""
+    if st.settings.kernel == "fused" or kw.is_fp8(module):
+        return "fused"
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    d = st.choices.get((tokens, capturing))
+    if d is None:
+        if len(st.choices) >= _CHOICES_KEPT:
+            st.choices.clear()
+        e, h, i = kw.sizes(module)
+        gpu = torch.cuda.get_device_name(x.device) if x.is_cuda else "cpu"
+        d = st.choices[(tokens, capturing)] = choose_experts(
+            f"H{h}-I{i}-E{e}-K{topk}", tokens, dtype=dtype_name(module.gate_up_proj.dtype), gpu=gpu,
+            graph=capturing, calls=st.settings.calls)
+    return d.choice
+
+
+def _grouped_mm(module, hidden_states, top_k_index, top_k_weights):
+    """transformers' own `grouped_mm` experts forward on the module's parameters, as the planner chose."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    return ALL_EXPERTS_FUNCTIONS.get_interface("grouped_mm", None)(module, hidden_states, top_k_index, top_k_weights)
+
+
+def decisions(model) -> dict[str, dict[tuple[int, bool], Decision]]:
+    """The kernel choices made so far for each experts module of `model` that runs `"xstage"`, by name:
+    `{(tokens, under CUDA-graph capture): Decision}` (`Decision.choice`: "fused" or "grouped_mm")."""
+    return {name: dict(_STATES[m].choices) for name, m in model.named_modules() if m in _STATES}
 
 
 # The argument a rank refuses on behalf of the group (`CommContext.refuse`'s names), by the first word
@@ -387,14 +434,18 @@ def _experts_modules(model) -> list[tuple[str, torch.nn.Module]]:
         hasattr(m, "is_transposed") or (type(m).__name__.endswith("Experts") and hasattr(m, "gate_up_proj")))]
 
 
-def make_settings(config, schedule, max_tokens, check="async") -> Settings:
+def make_settings(config, schedule, max_tokens, check="async", kernel="auto", calls=None) -> Settings:
     """`Settings` from a caller's arguments, each checked (one `InputError` line naming it)."""
     if config is not None:
         check_instance(config, "config", BlockConfig, "a BlockConfig or None")
     if schedule is not None:
         check_schedule(schedule)
+    if not (isinstance(kernel, str) and kernel in KERNELS):
+        raise InputError(f"kernel={kernel!r:.40}: must be one of {', '.join(map(repr, KERNELS))}")
+    if calls is not None:
+        check_instance(calls, "calls", ExpertsCalls, "an ExpertsCalls (xstage.sched.experts) or None")
     return Settings(config, schedule, check_int(max_tokens, "max_tokens", 1, MAX_TOKENS_PER_RANK,
-                                                "tokens of one kernel call"), check_mode(check))
+                                                "tokens of one kernel call"), check_mode(check), kernel, calls)
 
 
 def served_modules(model) -> list[tuple[str, torch.nn.Module]]:
@@ -407,13 +458,14 @@ def served_modules(model) -> list[tuple[str, torch.nn.Module]]:
 
 
 def prepare(model, *, config: BlockConfig | None = None, schedule: str | None = None,
-            max_tokens: int = DEFAULT_MAX_TOKENS) -> list[str]:
+            max_tokens: int = DEFAULT_MAX_TOKENS, kernel: str = "auto", calls: ExpertsCalls | None = None) -> list[str]:
     """Check every experts module of `model` that runs `"xstage"`, and build its weights now; returns
     their names. Without it the same happens at each module's first call, and errors name the class
-    rather than the module. `config` (a `BlockConfig`), `schedule` and `max_tokens` are `Settings`."""
+    rather than the module. `config` (a `BlockConfig`), `schedule`, `max_tokens`, `kernel` and `calls`
+    are `Settings`."""
     require_transformers()
     check_instance(model, "model", torch.nn.Module, "a transformers model")
-    settings = make_settings(config, schedule, max_tokens)
+    settings = make_settings(config, schedule, max_tokens, kernel=kernel, calls=calls)
     found = served_modules(model)
     states = []
     for name, m in found:  # every module is checked before any is changed

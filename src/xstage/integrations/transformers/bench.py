@@ -30,6 +30,7 @@ Example (GPU, transformers 5.17):
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 import traceback
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from xstage.bench.call_summary import check_call_cells
+from xstage.calibrate.experts import fit_experts_calls, source_of
 from xstage.bench.calls import CALL_COLUMNS, measure_call, relative_error
 from xstage.errors import InputError
 from xstage.integrations.transformers import backend
@@ -90,10 +92,10 @@ TOKENS = (1, 8, 64, 512, 4096, 16384)
 ROUTINGS = ("uniform", "skewed")
 DTYPES = ("bf16", "fp8")
 SIDES = ("xstage", "grouped_mm")
-COLUMNS = ["arch", "shape", "tokens", "routing", "dtype", "side", *CALL_COLUMNS, "max_err"]
+COLUMNS = ["arch", "shape", "tokens", "routing", "dtype", "side", "kernel", *CALL_COLUMNS, "max_err"]
 KEYS = ["arch", "tokens", "routing", "dtype", "side"]
 RESULTS = "experts.csv"
-SUMMARY_FILES = ("summary.md",)
+SUMMARY_FILES = ("summary.md", "experts-calls.json")
 TOLERANCE = 2e-2  # BF16 against BF16: the two backends' rounding (max |a - b| / max |b|)
 FP8_TOLERANCE = 1e-1  # FP8 against BF16 on the dequantized weights: the activations' 1x128 quantization
 DISTINCT = 8  # routings the timed calls cycle through
@@ -166,6 +168,8 @@ class Pair:
             self.xstage.config = copy.copy(config)
             self.xstage.config._experts_implementation = backend.NAME
         self.grouped_mm = base
+        self.holder = torch.nn.Module()  # for `decisions`, which reads a model's modules
+        self.holder.experts = self.xstage
 
     def _fp8(self, base, config):
         """transformers' fine-grained FP8 experts on `base`'s weights, quantized 128x128; `base` then
@@ -192,6 +196,14 @@ class Pair:
                 getattr(base, name).copy_(dequantize_weights(q, s).to(torch.bfloat16))
         return fp8.requires_grad_(False)
 
+    def _kernel(self, side: str, tokens: int) -> str:
+        """What ran the side's eager calls: for xstage, the integration's choice (`decisions`)."""
+        if side == "grouped_mm":
+            return "grouped_mm"
+        choices = backend.decisions(self.holder)
+        d = next(iter(choices.values()), {}).get((tokens, False))
+        return "fused" if d is None else d.choice
+
     def measure(self, tokens: int, kind: str, seed: int = 0) -> list[dict]:
         """Both sides' rows at `tokens` and routing `kind`, xstage's first."""
         H, _, E, K = self.arch.width
@@ -213,7 +225,8 @@ class Pair:
                 other = out["grouped_mm" if side == "xstage" else "xstage"]
                 m = measure_call(call, routes, other, tol, calls=calls)
                 rows.append(dict(arch=self.arch.name, shape=self.arch.shape, tokens=tokens, routing=kind,
-                                 dtype=self.dtype, side=side, max_err=err, **m.columns()))
+                                 dtype=self.dtype, side=side, kernel=self._kernel(side, tokens), max_err=err,
+                                 **m.columns()))
         return rows
 
 
@@ -252,6 +265,7 @@ def run_grid(out_dir, only=None, budget_s: float | None = None, log=print) -> di
 
 
 REQUIRED = ("arch", "shape", "tokens", "routing", "dtype", "side", "call_ns")
+KERNEL_NAMES = ("fused", "grouped_mm")
 
 
 def read_experts_csv(path) -> list[dict]:
@@ -267,6 +281,8 @@ def read_experts_csv(path) -> list[dict]:
         for col, allowed in (("routing", ROUTINGS), ("dtype", DTYPES), ("side", SIDES)):
             if cell_text(r, col, at) not in allowed:
                 raise InputError(f"{at}, column {col}: {r[col]!r} is not one of {', '.join(allowed)}")
+        if "kernel" in r and cell_text(r, "kernel", at) not in ("", *KERNEL_NAMES):
+            raise InputError(f"{at}, column kernel: {r['kernel']!r} is not one of {', '.join(KERNEL_NAMES)}")
         check_call_cells(r, at)
         text = cell_text(r, "max_err", at) if "max_err" in r else ""
         try:
@@ -301,7 +317,8 @@ def summarize(out_dir, rows: list[dict] | None = None) -> dict:
     by = {(r["arch"], r["dtype"], r["routing"], int(r["tokens"]), r["side"]): r for r in rows}
     lines = ["# xstage experts backend against transformers' grouped_mm (call against call, EP = 1)", "",
              "Ratios are grouped_mm's time over xstage's (above 1: xstage is faster); FP8 rows: xstage's FP8 "
-             "experts against BF16 grouped_mm.", "",
+             "experts against BF16 grouped_mm. An xstage call marked (grouped_mm) ran transformers' chain: the "
+             "integration's choice (`xstage.sched.policy.choose_experts`).", "",
              "| arch | dtype | routing | tokens | xstage call (us) | grouped_mm call (us) | ratio | xstage graph (us) | "
              "grouped_mm graph (us) | graph ratio | launches (xstage / grouped_mm) | host us (xstage) | max_err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -312,7 +329,9 @@ def summarize(out_dir, rows: list[dict] | None = None) -> dict:
         graph = (_num(gm, "graph_ns") / _num(xs, "graph_ns")) if _num(gm, "graph_ns") and _num(xs, "graph_ns") else None
         if call is not None:
             ratios.setdefault(key[1], []).append((key[0], key[3], call))
-        cells = [key[0], key[1], key[2], str(key[3]), _us(_num(xs, "call_ns")), _us(_num(gm, "call_ns")),
+        ran = (xs or {}).get("kernel") or "fused"
+        cells = [key[0], key[1], key[2], str(key[3]),
+                 _us(_num(xs, "call_ns")) + ("" if ran == "fused" else f" ({ran})"), _us(_num(gm, "call_ns")),
                  f"**{call:.2f}**" if call else "-", _us(_num(xs, "graph_ns")), _us(_num(gm, "graph_ns")),
                  f"{graph:.2f}" if graph else "-", f"{(xs or {}).get('launches', '')} / {(gm or {}).get('launches', '')}",
                  _us(_num(xs, "host_ns")), (xs or {}).get("max_err", "")]
@@ -328,6 +347,8 @@ def summarize(out_dir, rows: list[dict] | None = None) -> dict:
         lines.append(f"- {dtype}: geomean from 512 tokens {_fmt(s['geomean_512'])} over {len(big)} rows; lowest from "
                      f"512 tokens {_fmt(s['min_512'])}; lowest anywhere {_fmt(s['min'])} ({worst[0]}, {worst[1]} tokens)")
     write_text(out / "summary.md", "\n".join(lines) + "\n")
+    doc = fit_experts_calls([dict(r, gpu=r.get("gpu") or "unknown") for r in rows], source_of(out / RESULTS))
+    write_text(out / "experts-calls.json", json.dumps(doc, indent=1) + "\n")
     return summary
 
 
