@@ -161,6 +161,8 @@ class _State:
         self.cfg = settings.config or kw.default_config(module)
         self.key = None  # the weights' signatures when w1t was built
         self.refs = None  # weak references to the parameters w1t was built from
+        self.names: tuple[str, ...] = ()  # their names, and the sizes (`weights.dims`) at that build
+        self.dims: tuple[int, int, int, int, int] | None = None
         # What the kernel reads: detached aliases of the parameters, or padded copies. One object per weight
         # version, so the launcher's TMA descriptors (kept while the tensor lives) are built once.
         self.w1t = self.w2 = self.b1 = self.b2 = None  # the biases: None for modules without them
@@ -208,9 +210,10 @@ def _state(module) -> _State:
 
 
 def _fresh(module, st: _State) -> bool:
-    ps = kw.params(module)
-    return (st.refs is not None and all(r() is p for r, p in zip(st.refs, ps))
-            and st.key == tuple(kw.signature(p) for p in ps))
+    if st.refs is None:
+        return False
+    ps = tuple(getattr(module, n) for n in st.names)  # the names of the build: a renamed set fails the refs
+    return all(r() is p for r, p in zip(st.refs, ps)) and st.key == tuple(kw.signature(p) for p in ps)
 
 
 def _build_weights(module, st: _State) -> None:
@@ -220,6 +223,8 @@ def _build_weights(module, st: _State) -> None:
     st.held = 0
     got = kw.kernel_weights(module, st.cfg)
     st.w1t, st.w2, st.b1, st.b2, st.held = got.w1t, got.w2, got.b1, got.b2, got.held
+    st.names = kw.param_names(module)
+    st.dims = kw.dims(module, st.cfg)
     ps = kw.params(module)
     st.refs = tuple(weakref.ref(p) for p in ps)
     st.key = tuple(kw.signature(p) for p in ps)
@@ -296,7 +301,7 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
     _check_call(module, st, hidden_states, top_k_index, top_k_weights)
     if not _fresh(module, st):
         _build_weights(module, st)
-    _, h, _, hp, _ = kw.dims(module, st.cfg)
+    _, h, _, hp, _ = st.dims
     tokens, topk = top_k_index.shape
     if tokens == 0:
         return torch.zeros_like(hidden_states)
@@ -307,7 +312,9 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
     if hp != h:
         x = torch.nn.functional.pad(x, (0, hp - h))  # zero columns meet the weights' zero columns
     idx = top_k_index.contiguous()
-    w = top_k_weights.to(torch.float32).contiguous()  # fp16/bf16 to fp32 is exact
+    # The kernel reads float32 or the output's dtype (and widens it, exactly): no cast launch for those.
+    w = (top_k_weights if top_k_weights.dtype in (torch.float32, buf.out_dtype)
+         else top_k_weights.to(torch.float32)).contiguous()
     w1, w2 = st.w1t, st.w2
     kwargs = {} if st.settings.schedule is None else {"schedule": st.settings.schedule}
     kwargs.update(_epilogue(module, st))
@@ -321,14 +328,14 @@ def _run(module, hidden_states, top_k_index, top_k_weights):
 
 def _choice(module, st: _State, x, tokens: int, topk: int) -> str:
     """The kernel of this call (module docstring, step 3)."""
-    if st.settings.kernel == "fused" or kw.is_fp8(module):
+    if st.settings.kernel == "fused" or st.names[2:3] == kw.SCALES[:1]:  # FP8 experts: scales follow the weights
         return "fused"
     capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
     d = st.choices.get((tokens, capturing))
     if d is None:
         if len(st.choices) >= _CHOICES_KEPT:
             st.choices.clear()
-        e, h, i = kw.sizes(module)
+        e, h, i = st.dims[:3]
         gpu = torch.cuda.get_device_name(x.device) if x.is_cuda else "cpu"
         d = st.choices[(tokens, capturing)] = choose_experts(
             f"H{h}-I{i}-E{e}-K{topk}", tokens, dtype=dtype_name(module.gate_up_proj.dtype), gpu=gpu,

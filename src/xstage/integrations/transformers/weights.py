@@ -49,8 +49,11 @@ def refuse(name: str, what: str) -> InputError:
 
 
 def is_fp8(module) -> bool:
-    """A fine-grained FP8 experts module: its weights come with `*_scale_inv` block scales."""
-    return any(hasattr(module, s) for s in SCALES)
+    """A fine-grained FP8 experts module: its weights come with `*_scale_inv` block scales (parameters,
+    buffers or plain attributes: looked up where `nn.Module` keeps each, since `hasattr` on a module
+    raises and catches an `AttributeError` per missing name, microseconds on every call)."""
+    where = (module.__dict__, module.__dict__.get("_parameters", {}), module.__dict__.get("_buffers", {}))
+    return any(s in d for s in SCALES for d in where)
 
 
 def param_names(module) -> tuple[str, ...]:
