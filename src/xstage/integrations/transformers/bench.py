@@ -150,17 +150,18 @@ class Pair:
         backend.register()
         config = _config(arch, "grouped_mm")
         with torch.device("meta"):
-            base = _experts_class(arch)(config)
+            base = _experts_class(arch)(config).to(torch.bfloat16)
+        # BF16 from the start, drawn expert by expert: DeepSeek-V3's experts are 22.5 GB in BF16, and a
+        # float32 copy of them with its temporaries would not fit beside them on an 80 GB card.
         base.to_empty(device=self.device)
         g = torch.Generator(device=self.device).manual_seed(seed)
         with torch.no_grad():
             for name, p in base.named_parameters():
-                if name.endswith("bias"):
-                    p.copy_(0.1 * torch.randn(p.shape, generator=g, device=self.device))
-                else:  # unit-scale outputs: gate_up_proj reads the hidden size, down_proj the expert width
-                    fan_in = arch.width[0] if name.startswith("gate_up") else arch.width[1]
-                    p.copy_(torch.randn(p.shape, generator=g, device=self.device) * fan_in**-0.5)
-        base = base.to(torch.bfloat16).requires_grad_(False)
+                scale = 0.1 if name.endswith("bias") else (  # unit-scale outputs: gate_up_proj reads H, down_proj I
+                    arch.width[0] if name.startswith("gate_up") else arch.width[1]) ** -0.5
+                for e in range(p.shape[0]):
+                    p[e].copy_(torch.randn(p.shape[1:], generator=g, device=self.device) * scale)
+        base = base.requires_grad_(False)
         if dtype == "fp8":
             self.xstage = self._fp8(base, config)
         else:
@@ -190,10 +191,12 @@ class Pair:
         fp8.to_empty(device=self.device)
         with torch.no_grad():
             for name, scale in (("gate_up_proj", "gate_up_proj_scale_inv"), ("down_proj", "down_proj_scale_inv")):
-                q, s = quantize_weights(getattr(base, name).float())
-                getattr(fp8, name).copy_(q)
-                getattr(fp8, scale).copy_(s)
-                getattr(base, name).copy_(dequantize_weights(q, s).to(torch.bfloat16))
+                w = getattr(base, name)
+                for e in range(0, w.shape[0], 8):  # a few experts at a time (float32 temporaries)
+                    q, s = quantize_weights(w[e:e + 8].float())
+                    getattr(fp8, name)[e:e + 8].copy_(q)
+                    getattr(fp8, scale)[e:e + 8].copy_(s)
+                    w[e:e + 8].copy_(dequantize_weights(q, s).to(torch.bfloat16))
         return fp8.requires_grad_(False)
 
     def _kernel(self, side: str, tokens: int) -> str:
