@@ -350,7 +350,8 @@ def summarize(out_dir, rows: list[dict] | None = None) -> dict:
         lines.append(f"- {dtype}: geomean from 512 tokens {_fmt(s['geomean_512'])} over {len(big)} rows; lowest from "
                      f"512 tokens {_fmt(s['min_512'])}; lowest anywhere {_fmt(s['min'])} ({worst[0]}, {worst[1]} tokens)")
     write_text(out / "summary.md", "\n".join(lines) + "\n")
-    doc = fit_experts_calls([dict(r, gpu=r.get("gpu") or "unknown") for r in rows], source_of(out / RESULTS))
+    source = source_of(out / RESULTS) if (out / RESULTS).is_file() else "rows given to summarize"
+    doc = fit_experts_calls([dict(r, gpu=r.get("gpu") or "unknown") for r in rows], source)
     write_text(out / "experts-calls.json", json.dumps(doc, indent=1) + "\n")
     return summary
 
