@@ -23,6 +23,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from xstage.errors import InputError
 from xstage.results import geomean
 from xstage.results.io import cell_count, cell_time
 
@@ -36,13 +37,18 @@ MAX_LAUNCHES, MAX_LAUNCHES_WIDE = 3, 5
 
 def check_call_cells(row, at: str) -> None:
     """The call columns of one row, where present and not empty: times finite and > 0, `launches` and
-    `syncs` integers >= 0."""
+    `syncs` integers >= 0, `max_err` a number."""
     for c in CALL_TIMES:
         if c in row:
             cell_time(row, c, at, optional=True)
     for c in ("launches", "syncs"):
         if str(row.get(c) or "").strip():
             cell_count(row, c, at, minimum=0)
+    text = str(row.get("max_err") or "").strip()
+    try:
+        float(text or 0)
+    except ValueError:
+        raise InputError(f"{at}, column max_err: {text!r} is not a number (a measured error)") from None
 
 
 def _num(row, column: str) -> float | None:

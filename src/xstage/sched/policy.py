@@ -73,12 +73,13 @@ class Decision:
     """One choice of the planner.
 
     `kind`: "schedule", "pacing", "exchange", "experts" (`choose_experts`: "fused" or "grouped_mm") or
-    "layer" (`choose_layer`, a prediction no kernel asks for yet); `choice`: its spelling (a schedule name, a pacing spec
-    of `xstage.spec.pacing`, an exchange of `xstage.spec.exchange`); `predicted_ns`: the alternatives
-    as `(spelling, predicted ns)`, fastest first as the planner ranked them (for a joint pacing, the
-    spelling is `SCHEDULE@PACING`); empty where nothing was predicted (`note` says why). `path`,
-    `dtype`, `calibration`: what it stood on; `validated`: whether that calibration's predictions were
-    checked on this path."""
+    "layer" (`choose_layer`, a prediction no kernel asks for yet); `choice`: its spelling (a schedule
+    name, a pacing spec of `xstage.spec.pacing`, an exchange of `xstage.spec.exchange`); `predicted_ns`:
+    the alternatives as `(spelling, predicted ns)`, fastest first as the planner ranked them (for a
+    joint pacing, the spelling is `SCHEDULE@PACING`); empty where nothing was predicted (`note` says
+    why). `path`, `dtype`, `calibration`: what it stood on; `validated`: whether that calibration's
+    predictions were checked on
+    this path."""
 
     kind: str
     choice: str
