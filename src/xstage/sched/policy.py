@@ -78,8 +78,7 @@ class Decision:
     the alternatives as `(spelling, predicted ns)`, fastest first as the planner ranked them (for a
     joint pacing, the spelling is `SCHEDULE@PACING`); empty where nothing was predicted (`note` says
     why). `path`, `dtype`, `calibration`: what it stood on; `validated`: whether that calibration's
-    predictions were checked on
-    this path."""
+    predictions were checked on this path."""
 
     kind: str
     choice: str
