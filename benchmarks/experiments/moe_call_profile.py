@@ -3,8 +3,12 @@
 Per configuration (`SHAPE:TOKENS`, comma-separated): a buffer sized for the call, 20 warm-up calls,
 then `N` calls back to back under `cProfile` (one sync at the end), cycling through 16 routings; and the
 same number of calls unprofiled, timed on the host (`perf_counter_ns` around each call: its host time,
-median and p90) with one `launch_reduce` timed alike (the issue's `L`). Prints the call's host time,
-`L`, and the 25 functions of most cumulative time per call; writes `profile.txt` under $OUT (or /tmp).
+median and p90) with one `launch_reduce` timed alike (the issue's `L`). A third pass times every
+`xstage.backend.launch` inside the calls (per kernel, median over the calls), so the call's host time
+splits into its launches and the rest; and Triton's own per-launch work on the host TMA descriptors
+(`make_tensordesc_arg`, which encodes each descriptor with the driver on every launch) is timed alone on
+the main kernel's four descriptors. Prints the split and the 25 functions of most own time per call;
+writes both orderings to `profile.txt` under $OUT (or /tmp).
 
     PYTHONPATH=src python3 benchmarks/experiments/moe_call_profile.py H2048-I768-E128-K8:1,H2048-I768-E128-K8:1024
 """
@@ -60,20 +64,79 @@ def main(spec: str) -> str:
             reduce_host.append(time.perf_counter_ns() - t0)
         torch.cuda.synchronize()
         buf.check()
+        per_kernel = _launch_split(x, routes, w1t, w2, buf)
+        desc_us = _descriptor_encode_us(buf, w1t, w2)
         prof = cProfile.Profile()
         prof.enable()
         for i in range(N):
             fused_moe(x, *routes[i % 16], w1t, w2, buf)
         prof.disable()
         torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
+        own, cum = io.StringIO(), io.StringIO()
+        pstats.Stats(prof, stream=own).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=cum).sort_stats("cumulative").print_stats(40)
+        launches = ", ".join(f"{k} {v:.1f}" for k, v in per_kernel.items())
         line = (f"{item}: call host {np.median(host) / 1e3:.1f} us (p90 {np.percentile(host, 90) / 1e3:.1f}), "
-                f"launch_reduce host L {np.median(reduce_host) / 1e3:.1f} us; profile of {N} calls:")
+                f"launch_reduce host L {np.median(reduce_host) / 1e3:.1f} us; launches (us, median per call): "
+                f"{launches}; rest {np.median(host) / 1e3 - sum(per_kernel.values()):.1f}; Triton's encoding of "
+                f"the main kernel's 4 descriptors {desc_us:.1f} us; profile of {N} calls:")
         print(line)
-        print(s.getvalue())
-        out += [line, s.getvalue()]
+        print(_trim(own.getvalue()))
+        out += [line, own.getvalue(), cum.getvalue()]
     return "\n".join(out)
+
+
+def _launch_split(x, routes, w1t, w2, buf) -> dict:
+    """Median host us per call of each kernel's `xstage.backend.launch`, over N calls."""
+    from xstage import backend
+
+    real, spent = backend.launch, {}
+
+    def timed(kernel, grid, args, consts):
+        t0 = time.perf_counter_ns()
+        r = real(kernel, grid, args, consts)
+        spent.setdefault(getattr(kernel, "__name__", str(kernel)), []).append(time.perf_counter_ns() - t0)
+        return r
+
+    backend.launch = timed
+    try:
+        import xstage.moe.device_plan as dp
+
+        dp.launch = timed
+        for i in range(N):
+            fused_moe(x, *routes[i % 16], w1t, w2, buf)
+        torch.cuda.synchronize()
+    finally:
+        backend.launch = real
+        dp.launch = real
+    return {k: float(np.median(v)) * len(v) / N / 1e3 for k, v in spent.items()}
+
+
+def _descriptor_encode_us(buf, w1t, w2) -> float:
+    """Triton's per-launch handling of the main kernel's four host descriptors, timed alone (us)."""
+    from triton.backends.nvidia import driver as nv
+
+    from xstage.moe.fused import _operands
+
+    descs = _operands(buf, w1t, w2)[1::2]
+    if not buf.cfg.tma or not hasattr(nv, "make_tensordesc_arg"):
+        return float("nan")
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 1, "block_size": list(descs[0].block_shape),
+            "fp4_padded": False}
+    ts = []
+    for _ in range(N):
+        t0 = time.perf_counter_ns()
+        for d in descs:
+            nv.make_tensordesc_arg(d, dict(meta, block_size=list(d.block_shape)), None)
+        ts.append(time.perf_counter_ns() - t0)
+    return float(np.median(ts)) / 1e3
+
+
+def _trim(text: str) -> str:
+    """The stats table without pstats' preamble."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "ncalls" in ln), 0)
+    return "\n".join(ln[:150] for ln in lines[start:start + 26])
 
 
 if __name__ == "__main__":
