@@ -98,3 +98,98 @@ def test_launch_matches_tritons_own_launch_on_every_specialisation():
             torch.testing.assert_close(y.double(), x.double() * a + 1.0, rtol=2**-23, atol=0)
     keys = [k for k in backend._compiled if k[0] == id(axpb)]
     assert len(keys) >= 4, keys  # aligned/unaligned, n == 1, n % 16 == 0 / != 0 kept apart
+
+
+@triton.jit
+def _tile_sum(p_x, desc, p_y, n, a, B: tl.constexpr, D: tl.constexpr):
+    """y[i] = a * x[i] + the sum of row (i % 8) of a host-descriptor's [8, D] tensor, for i < n."""
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    m = o < n
+    rows = desc.load([0, 0])  # [8, D]
+    s = tl.sum(rows.to(tl.float32), axis=1)  # [8]
+    pick = tl.sum(tl.where((o % 8)[:, None] == tl.arange(0, 8)[None, :], s[None, :], 0.0), axis=1)
+    tl.store(p_y + o, tl.load(p_x + o, mask=m) * a + pick, mask=m)
+
+
+def _tile_sum_ref(x, table, a):
+    s = table.double().sum(1)
+    return x.double() * a + s[torch.arange(x.numel(), device=x.device) % 8]
+
+
+def test_a_launch_fills_its_holes_each_call():
+    # Fixed arguments stay, holes take each call's values (in the interpreter: Triton's own launch).
+    from xstage.backend import Launch
+
+    @triton.jit
+    def axpb(p_x, p_y, n, a, B: tl.constexpr):
+        o = tl.program_id(0) * B + tl.arange(0, B)
+        m = o < n
+        tl.store(p_y + o, tl.load(p_x + o, mask=m) * a + 1.0, mask=m)
+
+    dev = "cuda" if torch.cuda.is_available() and not interpreter_active() else "cpu"
+    x = torch.randn(300, device=dev)
+    site = Launch(axpb, (x, None, None, 3.0), dict(B=64), holes=(1, 2))
+    for n in (300, 1, 17, 64, 0):
+        y = torch.full((300,), float("nan"), device=dev)
+        site((max(1, triton.cdiv(n, 64)),), y, n)
+        own = torch.full_like(y, float("nan"))
+        axpb[(max(1, triton.cdiv(n, 64)),)](x, own, n, 3.0, B=64)
+        assert torch.equal(y[:n], own[:n])
+        torch.testing.assert_close(y[:n].double(), x[:n].double() * 3.0 + 1.0, rtol=1e-6, atol=1e-6)
+        assert torch.isnan(y[n:]).all()  # nothing past n
+
+
+def test_moe_launches_go_with_the_weights_they_were_made_for():
+    # A fused call's main launch holds aliases of the weights and is dropped when the caller's
+    # tensors go: a buffer never keeps a model's weights alive.
+    import gc
+    import weakref
+
+    from xstage.moe.buffer import LoopbackGroup, MoEBuffer
+    from xstage.moe.fused import fused_moe
+    from xstage.moe.layout import transform_weights
+    from xstage.moe.problem import routing
+
+    H, I, E, K, T = 128, 128, 4, 2, 8
+    buf = MoEBuffer(16, E, K, H, I, LoopbackGroup(1), device="cpu", dtype="fp16")
+    g = torch.Generator().manual_seed(0)
+    l1 = (torch.randn(E, 2 * I, H, generator=g) * H**-0.5).half()
+    l2 = (torch.randn(E, H, I, generator=g) * I**-0.5).half()
+    w1t, w2 = transform_weights(l1, l2, buf.cfg.block_n1)
+    x = torch.randn(T, H, generator=g).half()
+    idx, w = routing(T, E, K, "cpu", seed=0)
+    y1 = fused_moe(x, idx, w, w1t, w2, buf).clone()
+    y2 = fused_moe(x, idx, w, w1t, w2, buf)  # the cached launch: the same output
+    assert torch.equal(y1, y2)
+    assert sum(1 for k in buf._plans if k[0] == "main launch") == 1
+    alive, ptrs = weakref.ref(w1t), {w1t.data_ptr(), w2.data_ptr()}
+    del w1t, w2
+    gc.collect()
+    assert alive() is None
+    assert not [k for k in buf._plans if k[0] == "main launch"]
+    assert not [k for k in buf._plans if k[0] == "tma" and k[1] in ptrs]  # the weights' descriptors too
+
+
+@pytest.mark.gpu
+def test_a_launch_matches_tritons_own_with_a_host_descriptor_fixed():
+    # The fixed host TMA descriptor is encoded once and reused; holes of every specialisation (aligned
+    # or not, n == 1, n % 16 == 0) give Triton's own launch's output, bit for bit.
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from xstage import backend
+
+    table = torch.randn(8, 32, device="cuda")
+    desc = TensorDescriptor(table, shape=[8, 32], strides=[32, 1], block_shape=[8, 32])
+    base = torch.randn(4096 + 1, device="cuda")
+    site = backend.Launch(_tile_sum, (None, desc, None, None, 2.0), dict(B=128, D=32, num_warps=4),
+                          holes=(0, 2, 3))
+    for _rep in range(3):
+        for off, n in ((0, 4096), (1, 4096), (0, 1), (0, 17), (1, 1000)):
+            x = base[off: off + n]
+            y = torch.full_like(x, float("nan"))
+            site((triton.cdiv(n, 128),), x, y, n)
+            own = torch.full_like(x, float("nan"))
+            _tile_sum[(triton.cdiv(n, 128),)](x, desc, own, n, 2.0, B=128, D=32, num_warps=4)
+            assert torch.equal(y, own), (off, n)
+            torch.testing.assert_close(y.double(), _tile_sum_ref(x, table, 2.0), rtol=1e-6, atol=1e-5)
+    assert len(site._hits) >= 4

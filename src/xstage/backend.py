@@ -88,7 +88,10 @@ def resolve_device(device=None, arg: str = "device") -> torch.device:
 # what Triton specialises on, refined (never coarser: a tensor's dtype and 16-byte alignment; an int's
 # "is 1", "divisible by 16" and 32-bit range; a bool's value; a TMA descriptor's dtype and box; every
 # constant's value), compiles through Triton on a new key and on a known one calls the compiled
-# kernel's launcher with the arguments in the order Triton itself passes them.
+# kernel's launcher with the arguments in the order Triton itself passes them. `Launch` goes further for
+# a call site whose arguments are mostly fixed (a MoE buffer's own tensors, a layer's weights): it keys
+# and expands them once, and on Triton versions whose launcher it knows it calls the compiled C launcher
+# itself with host TMA descriptors encoded once (Triton encodes each with the driver on every launch).
 _FAST = os.environ.get("XSTAGE_FAST_LAUNCH", "1") != "0"  # "0": every launch through Triton's own path
 _compiled: dict = {}
 
@@ -140,3 +143,124 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict):
         compiled.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
         knobs.runtime.launch_exit_hook, *full)
     return compiled
+
+
+# Triton versions whose CUDA launcher `Launch` calls directly (its argument layout and its wrapper's
+# expansion of host TMA descriptors are read off that version's `triton/backends/nvidia/driver.py`);
+# elsewhere `Launch` calls the compiled kernel's `run`, which does the same with per-launch expansion.
+_RAW_TRITON = ("3.6.",)
+_HOLE = object()
+
+
+def _raw_launcher(compiled):
+    """(C launcher, expansion of one argument by its position, `compiled.run`) of a compiled kernel, or
+    None where this Triton's launcher is not the known one or a launch needs scratch memory."""
+    import triton
+
+    run = compiled.run  # loads the module on first use
+    if not triton.__version__.startswith(_RAW_TRITON) or type(run).__name__ != "CudaLauncher":
+        return None
+    if run.global_scratch_size or run.profile_scratch_size:
+        return None
+    from triton.backends.nvidia import driver as nv
+
+    raw = run.launch
+    if type(raw).__name__ != "builtin_function_or_method":  # wrapped for host tensor descriptors
+        cells = dict(zip(raw.__code__.co_freevars, raw.__closure__ or ()))
+        raw = cells["launcher"].cell_contents if "launcher" in cells else None
+        if type(raw).__name__ != "builtin_function_or_method":
+            return None
+    sig = list(compiled.src.signature.values())
+    metas = list(getattr(compiled.metadata, "tensordesc_meta", None) or [])
+    descs = [i for i, t in enumerate(sig) if isinstance(t, str) and t.startswith("tensordesc")]
+    meta_of = dict(zip(descs, metas or [None] * len(descs)))
+
+    def expand(i, a):
+        return nv.make_tensordesc_arg(a, meta_of[i]) if i in meta_of else [a]
+
+    return raw, expand, run
+
+
+class Launch:
+    """Launches of one kernel at one call site whose arguments are fixed but for a few: `args` with
+    `holes` (their positions) given per launch, `consts` the kernel's constants and launch options.
+
+    The fixed arguments are expanded once (on a known Triton); a launch specialises only its hole
+    values, and after the first launch of a key calls the compiled launcher directly (or `compiled.run`,
+    as `launch` does). In Triton's interpreter, or with `XSTAGE_FAST_LAUNCH=0`, every launch is
+    `kernel[grid](*args, **consts)`. The object holds its fixed arguments: whoever caches it decides
+    how long they live."""
+
+    def __init__(self, kernel, args: tuple, consts: dict, holes: tuple = ()):
+        self.kernel, self.consts, self.holes = kernel, consts, tuple(holes)
+        self.args = [_HOLE if i in self.holes else a for i, a in enumerate(args)]
+        self._slow = not _FAST or getattr(kernel, "params", None) is None or interpreter_active()
+        self._hits: dict = {}  # the fixed arguments never change, so their specialisation is not in the key
+
+    def _full(self, values) -> tuple:
+        args = list(self.args)
+        for i, v in zip(self.holes, values):
+            args[i] = v
+        return tuple(args)
+
+    def __call__(self, grid: tuple, *values):
+        """Launch on `grid` with the holes' `values` (in `holes` order); returns what `launch` returns
+        on a first launch, else None."""
+        if self._slow:
+            return self.kernel[grid](*self._full(values), **self.consts)
+        device = torch.cuda.current_device()
+        key = (device, len(grid), *[_spec(v) for v in values])
+        hit = self._hits.get(key)
+        if hit is None:
+            full = self._full(values)
+            compiled = launch(self.kernel, grid, full, self.consts)
+            self._hits[key] = self._relauncher(compiled, full)
+            return compiled
+        return hit(grid, values, device)
+
+    def _relauncher(self, compiled, full: tuple):
+        """The relaunch of `compiled` for this key: through its C launcher with the fixed arguments
+        expanded once where this Triton allows (and no hole is a host descriptor), else through
+        `compiled.run` as `launch` does."""
+        from triton import knobs
+        from triton.runtime import driver
+
+        tail = tuple(self.consts[p.name] for p in self.kernel.params[len(full):])
+        raw = _raw_launcher(compiled) if compiled is not None and hasattr(compiled, "packed_metadata") else None
+        if raw is not None and any(getattr(full[i], "block_shape", None) is not None for i in self.holes):
+            raw = None
+
+        def through_run(grid, values, device):
+            args = (*self._full(values), *tail)
+            stream = driver.active.get_current_stream(device)
+            g = (*grid, 1, 1)
+            compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                         compiled.launch_metadata(grid, stream, *args), knobs.runtime.launch_enter_hook,
+                         knobs.runtime.launch_exit_hook, *args)
+
+        if raw is None:
+            return through_run
+        c_launch, expand, run = raw
+        # Each fixed argument expanded now; each hole a slot of the flat list, filled per launch.
+        flat, slots = [], []
+        for i, a in enumerate((*full, *tail)):
+            if i in self.holes:
+                slots.append(len(flat))
+                flat.append(None)
+            else:
+                # A CUDA tensor's address is its device pointer (the launcher would look it up per launch);
+                # `self.args` keeps the tensor alive. Host memory (pinned rows) stays a tensor.
+                flat.extend(x.data_ptr() if type(x) is torch.Tensor and x.is_cuda else x for x in expand(i, a))
+        head = (compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                compiled.packed_metadata, None)
+
+        def relaunch(grid, values, device):
+            if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+                return through_run(grid, values, device)  # a profiler's hooks see Triton's own launch
+            args = list(flat)
+            for pos, v in zip(slots, values):
+                args[pos] = v
+            g = (*grid, 1, 1)
+            c_launch(g[0], g[1], g[2], driver.active.get_current_stream(device), *head, None, None, *args)
+
+        return relaunch

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from xstage.backend import launch
+from xstage.backend import Launch
 from xstage.comm.device import wait_bounds
 from xstage.env import interpreter_active
 from xstage.moe.buffer import MoEBuffer
@@ -139,40 +139,61 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
     base, k = builtin_order(schedule)
     st, c = _scratch(buf), buf.cfg
     on_gpu = _on_gpu(buf)
-    n1, n2 = st.n1, st.n2
     n_ent = buf.R * rows_per_source * buf.K
     if programs is None:
         if on_gpu:
             # Enough programs for the entries and for the tasks the largest routing of this call makes.
             # Plain integer arithmetic: triton.cdiv is a constexpr function, microseconds a call on the host.
             units = min(buf.units_cap, -(-n_ent // c.block_m) + buf.E_local)
-            programs = max(1, -(-n_ent // _BE), -(-units * (n1 + n2) // _BT))
+            programs = max(1, -(-n_ent // _BE), -(-units * (st.n1 + st.n2) // _BT))
         else:
             programs = 1
     programs = max(1, min(int(programs), st.programs_max))
+    cta_start = st.cta_start(ctas)
+    if compile_only or not (on_gpu or programs == 1):
+        args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback, on_gpu)
+        if compile_only:
+            moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
+            return None
+        # The interpreter runs programs in turn, so a grid barrier could never open: phase by phase.
+        for phase in range(1, 5):
+            moe_plan_kernel[(programs,)](*args, FIRST=phase, LAST=phase, WAIT=False, **consts)
+    else:
+        # One launch object per order, grid size and routing source: only the routing and its token
+        # count change from call to call (`backend.Launch`).
+        key = ("prologue launch", base, k, ctas, loopback, rank, buf.timeout_ns, idx_delta.data_ptr())
+        site = buf._plans.get(key)
+        if site is None:
+            args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback,
+                                          on_gpu)
+            site = buf._plans[key] = Launch(moe_plan_kernel, args, dict(consts, FIRST=1, LAST=4, WAIT=on_gpu),
+                                            holes=(0, _ROWS_ARG))
+        site((programs,), idx, rows_per_source)
+    lay = st.layout
+    return DevicePlan(lay, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, cta_start, pacing)
+
+
+_ROWS_ARG = 19  # the position of `rows_per_source` in `_prologue_args`
+
+
+def _prologue_args(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer, base: str, k: int, ctas: int,
+                   loopback: bool, on_gpu: bool) -> tuple[tuple, dict]:
+    """The prologue's arguments and constants (`plan_tables`), but for the phases and `WAIT`."""
+    st, c, lay = _scratch(buf), buf.cfg, _scratch(buf).layout
     utop = 1 << max(0, buf.units_cap - 1).bit_length()  # next power of two
     use_ptx, timeout_ns, max_spins = wait_bounds(buf.timeout_ns, on_gpu)
-    cta_start = st.cta_start(ctas)
-    lay = st.layout
-    args = (idx, idx_delta, st.tasks, cta_start, lay.unit_info, lay.row_src, lay.row_slot, lay.counts,
+    args = (idx, idx_delta, st.tasks, st.cta_start(ctas), lay.unit_info, lay.row_src, lay.row_slot, lay.counts,
             lay.num_units, st.hist, st.pe, st.rank, st.unit, st.ws, st.pos, st.bar, buf.err,
             rank, buf.R, rows_per_source, buf.T_max, buf.K, buf.E, buf.E_local, buf.units_cap, buf.pool_units,
-            n1, n2, ctas, 2 * ctas, min(k, buf.units_cap), timeout_ns, max_spins, STAGE_PLAN_BARRIER * 65536 + rank)
+            st.n1, st.n2, ctas, 2 * ctas, min(k, buf.units_cap), timeout_ns, max_spins,
+            STAGE_PLAN_BARRIER * 65536 + rank)
+    assert args[_ROWS_ARG] is rows_per_source
     consts = dict(BM=c.block_m, ORDER=_ORDER_CODE[base], RR=not c.dynamic, LOOPBACK=loopback, USE_PTX=use_ptx,
                   ELP=st.elp, LOG_E=st.elp.bit_length() - 1, UTOP=utop, LOG_U=utop.bit_length() - 1,
                   BE=_BE, BU=min(64, 4096 // c.block_m), BT=_BT,
                   GB=max(1, min(1 << max(0, st.programs_max - 1).bit_length(), 8192 // st.elp)), BC=_BC, TC=TASK_COLS,
                   PE=_PE_ROWS, UC=_UNIT_COLS, WB=_WB, **({"num_warps": 4} if on_gpu else {}))
-    if compile_only:
-        moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
-        return None
-    if on_gpu or programs == 1:
-        launch(moe_plan_kernel, (programs,), args, dict(consts, FIRST=1, LAST=4, WAIT=on_gpu))
-    else:
-        # The interpreter runs programs in turn, so a grid barrier could never open: phase by phase.
-        for phase in range(1, 5):
-            moe_plan_kernel[(programs,)](*args, FIRST=phase, LAST=phase, WAIT=False, **consts)
-    return DevicePlan(lay, DeviceSchedule(schedule, ctas, n1, n2), st.tasks, cta_start, pacing)
+    return args, consts
 
 
 def device_plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None, pacing="buffer",

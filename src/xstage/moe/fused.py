@@ -302,6 +302,39 @@ def quantize_inputs(x, buf: MoEBuffer):
     return quantize_activations(x)
 
 
+_MAIN_HOLES = (0, 1, 2, 3, 4, 5, 35)  # the plan's tables, x and x_scale in `_main_args`
+
+
+def _main_args(holes: tuple, w1t, w1_scale, w2, w2_scale, buf: MoEBuffer, pacing, timeout_ns, wait: bool, trace,
+               w1_layout: str, b1, b2, activation) -> tuple[tuple, dict]:
+    """The main kernel's arguments and constants; `holes` the values at `_MAIN_HOLES`."""
+    c = buf.cfg
+    tasks, cta_start, unit_info, row_src, row_slot, x, x_scale = holes
+    epi_args, epi_consts = _epilogue_args(b1, b2, activation, buf)
+    use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
+    opts = {} if interpreter_active() else dict(num_warps=c.num_warps, num_stages=c.num_stages)
+    args = (
+        tasks, cta_start, unit_info, row_src, row_slot,
+        x, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
+        buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
+        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, buf.pool_units, timeout_ns, max_spins,
+        *pacing_args(pacing), x_scale, buf.xs_delta, buf.recv_scale, w1_scale, buf.act_scale, w2_scale,
+        *epi_args,
+    )
+    assert all(args[i] is h for i, h in zip(_MAIN_HOLES, holes))
+    consts = dict(
+        STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
+        STAGE_SLOT=STAGE_POOL_SLOT,
+        TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
+        TMA=c.tma, DYNAMIC=c.dynamic, PACED=pacing is not None, FP8=buf.fp8, WAIT=wait, USE_PTX=use_ptx,
+        TRACE=trace is not None, W1_CONCAT=w1_layout == "concatenated", **epi_consts, **opts,
+        # The FP8 Linear-2 loop takes two K blocks per step: one stage fewer keeps its shared memory
+        # within the Linear-1 loop's (3 x 64 KiB against 4 x 48 KiB at the default tiles).
+        PAIR_STAGES=max(1, c.num_stages - 1),
+    )
+    return args, consts
+
+
 def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = None, wait: bool = True,
                 trace: torch.Tensor | None = None, compile_only: bool = False, w1_layout: str = "interleaved",
                 b1=None, b2=None, activation=SILU):
@@ -318,35 +351,35 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
                               or trace.device.type != buf.device.type):
         raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 3] on {buf.device}, "
                          f"got {trace.dtype} {tuple(trace.shape)} on {trace.device}")
-    c = buf.cfg
     x, x_scale, w1t, w1_scale, w2, w2_scale = _scaled(x, w1t, w2, buf)
-    epi_args, epi_consts = _epilogue_args(b1, b2, activation, buf)
-    use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
-    opts = {} if interpreter_active() else dict(num_warps=c.num_warps, num_stages=c.num_stages)
     if not buf.loopback:  # peers pull the rows (and their scales) from the symmetric copies
         x, x_scale = buf.x_buf, (buf.x_scale_buf if buf.fp8 else x_scale)
-    args = (
-        p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot,
-        x, buf.x_delta, *_operands(buf, w1t, w2), buf.combine, buf.comb_delta,
-        buf.ready, buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.err if trace is None else trace,
-        buf.pace_clock, buf.rank, buf.R, buf.T_max, buf.H, buf.I, buf.pool_units, timeout_ns, max_spins,
-        *pacing_args(p.pacing), x_scale, buf.xs_delta, buf.recv_scale, w1_scale, buf.act_scale, w2_scale,
-        *epi_args,
-    )
-    consts = dict(
-        STAGE_L1=STAGE_L1_WAIT, STAGE_L2=STAGE_L2_WAIT, STAGE_FREE=STAGE_BUFFER_FREE, STAGE_PACE=STAGE_STORE_PACING,
-        STAGE_SLOT=STAGE_POOL_SLOT,
-        TASK_COLS=TASK_COLS, BM=c.block_m, BN1=c.block_n1, BN2=c.block_n2, BK=c.block_k, BD=c.block_d,
-        TMA=c.tma, DYNAMIC=c.dynamic, PACED=p.pacing is not None, FP8=buf.fp8, WAIT=wait, USE_PTX=use_ptx,
-        TRACE=trace is not None, W1_CONCAT=w1_layout == "concatenated", **epi_consts, **opts,
-        # The FP8 Linear-2 loop takes two K blocks per step: one stage fewer keeps its shared memory
-        # within the Linear-1 loop's (3 x 64 KiB against 4 x 48 KiB at the default tiles).
-        PAIR_STAGES=max(1, c.num_stages - 1),
-    )
     grid = (p.schedule.num_ctas,)
-    if compile_only:
-        return kernels.moe_main_kernel.warmup(*args, grid=grid, **consts)
-    compiled = backend.launch(kernels.moe_main_kernel, grid, args, consts)
+    holes = (p.tasks, p.cta_start, p.layout.unit_info, p.layout.row_src, p.layout.row_slot, x, x_scale)
+    if compile_only or trace is not None:
+        args, consts = _main_args(holes, w1t, w1_scale, w2, w2_scale, buf, p.pacing, timeout_ns, wait, trace,
+                                  w1_layout, b1, b2, activation)
+        if compile_only:
+            return kernels.moe_main_kernel.warmup(*args, grid=grid, **consts)
+        compiled = backend.launch(kernels.moe_main_kernel, grid, args, consts)
+    else:
+        # One launch object per weights, epilogue, pacing and watchdog: only the plan's tables and the
+        # tokens change from call to call (`backend.Launch`). It holds aliases of the weights, not the
+        # caller's tensors, and goes when any of them goes.
+        owned = [t for t in (w1t, w1_scale, w2, w2_scale, b1, b2) if isinstance(t, torch.Tensor)]
+        key = ("main launch", p.pacing, w1_layout, activation, timeout_ns, buf.timeout_ns, wait,
+               *[(id(t), t.data_ptr()) for t in owned], b1 is None, b2 is None)
+        site = buf._plans.get(key)
+        if site is None:
+            alias = {id(t): t.detach() for t in owned}
+            a = [alias.get(id(t), t) if isinstance(t, torch.Tensor) else t
+                 for t in (w1t, w1_scale, w2, w2_scale, b1, b2)]
+            args, consts = _main_args(holes, *a[:4], buf, p.pacing, timeout_ns, wait, None, w1_layout, a[4], a[5],
+                                      activation)
+            site = buf._plans[key] = backend.Launch(kernels.moe_main_kernel, args, consts, holes=_MAIN_HOLES)
+            for t in owned:
+                weakref.finalize(t, buf._plans.pop, key, None)
+        compiled = site(grid, *holes)
     if compiled is not None and buf.cfg.ctas_per_sm > 1:
         _check_residency(compiled, buf)
     return compiled
@@ -370,21 +403,38 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
     `report` (a row of `MoEBuffer.report_row()`): the kernel moves this rank's error words there and
     clears them; without it they stay for `MoEBuffer.check()`."""
     backend.require()
-    use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     T = y.shape[0]
+    grid = (max(1, -(-T // _REDUCE_BT)),)  # not triton.cdiv: a constexpr function, slow on the host
+    row = buf._reports.rows[0] if report is None else report
+    if compile_only:
+        args, consts = _reduce_args(topk_idx, topk_w, y, row, report is not None, T, buf, timeout_ns, wait)
+        kernels.moe_reduce_kernel.warmup(*args, grid=grid, **consts)
+        return y
+    # One launch object per watchdog and report mode: the routing, `y`, the report row and the token
+    # count change from call to call (`backend.Launch`).
+    key = ("reduce launch", timeout_ns, buf.timeout_ns, wait, report is not None)
+    site = buf._plans.get(key)
+    if site is None:
+        args, consts = _reduce_args(topk_idx, topk_w, y, row, report is not None, T, buf, timeout_ns, wait)
+        site = buf._plans[key] = backend.Launch(kernels.moe_reduce_kernel, args, consts, holes=_REDUCE_HOLES)
+    site(grid, topk_idx, topk_w, y, row, T)
+    return y
+
+
+_REDUCE_HOLES = (2, 3, 4, 13, 18)  # topk_idx, topk_w, y, the report row and T in `_reduce_args`
+
+
+def _reduce_args(topk_idx, topk_w, y, row, report: bool, T: int, buf: MoEBuffer, timeout_ns, wait: bool):
+    """The reduce kernel's arguments and constants (`launch_reduce`)."""
+    use_ptx, timeout_ns, max_spins = _bounds(buf, timeout_ns)
     bh = next(b for b in (256, 128, 64, 32, 16, 8) if buf.H % b == 0)
     args = (buf.combine, buf.read_delta, topk_idx, topk_w, y, buf.ready, buf.units_cap,
-            buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.bad_ids,
-            buf._reports.rows[0] if report is None else report, int(report is not None),
+            buf.sync, buf.sig, buf.sig_delta, buf.sig_slot, buf.err, buf.bad_ids, row, int(report),
             buf.R, buf.E, buf.E_local, T, buf.T_max, buf.H, buf.K, timeout_ns, max_spins)
+    assert all(args[i] is h for i, h in zip(_REDUCE_HOLES, (topk_idx, topk_w, y, row, T)))
     consts = dict(STAGE_DONE=STAGE_COMBINE_DONE, BT=_REDUCE_BT, BH=bh, KP=1 << max(0, buf.K - 1).bit_length(),
                   WAIT=wait, USE_PTX=use_ptx, **({} if interpreter_active() else {"num_warps": 4}))
-    grid = (max(1, -(-T // _REDUCE_BT)),)  # not triton.cdiv: a constexpr function, slow on the host
-    if compile_only:
-        kernels.moe_reduce_kernel.warmup(*args, grid=grid, **consts)
-    else:
-        backend.launch(kernels.moe_reduce_kernel, grid, args, consts)
-    return y
+    return args, consts
 
 
 def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns: int | None,
