@@ -4,7 +4,7 @@ Per configuration (`SHAPE:TOKENS`, comma-separated): a buffer sized for the call
 then `N` calls back to back under `cProfile` (one sync at the end), cycling through 16 routings; and the
 same number of calls unprofiled, timed on the host (`perf_counter_ns` around each call: its host time,
 median and p90) with one `launch_reduce` timed alike (the issue's `L`). A third pass times every
-`xstage.backend.launch` inside the calls (per kernel, median over the calls), so the call's host time
+`xstage.backend.Launch` inside the calls (per kernel, median over the calls), so the call's host time
 splits into its launches and the rest; and Triton's own per-launch work on the host TMA descriptors
 (`make_tensordesc_arg`, which encodes each descriptor with the driver on every launch) is timed alone on
 the main kernel's four descriptors. Prints the split and the 25 functions of most own time per call;
@@ -16,6 +16,7 @@ writes both orderings to `profile.txt` under $OUT (or /tmp).
 from __future__ import annotations
 
 import cProfile
+import inspect
 import io
 import os
 import pstats
@@ -87,28 +88,27 @@ def main(spec: str) -> str:
 
 
 def _launch_split(x, routes, w1t, w2, buf) -> dict:
-    """Median host us per call of each kernel's `xstage.backend.launch`, over N calls."""
+    """Median host us per call of each kernel's launch (`xstage.backend.Launch`, through which the
+    prologue, main and reduce kernels launch), over N calls."""
     from xstage import backend
 
-    real, spent = backend.launch, {}
+    if not hasattr(backend, "Launch"):  # a commit before it: no split
+        return {}
+    real, spent = backend.Launch.__call__, {}
 
-    def timed(kernel, grid, args, consts):
+    def timed(self, grid, *values):
         t0 = time.perf_counter_ns()
-        r = real(kernel, grid, args, consts)
-        spent.setdefault(getattr(kernel, "__name__", str(kernel)), []).append(time.perf_counter_ns() - t0)
+        r = real(self, grid, *values)
+        spent.setdefault(getattr(self.kernel, "__name__", str(self.kernel)), []).append(time.perf_counter_ns() - t0)
         return r
 
-    backend.launch = timed
+    backend.Launch.__call__ = timed
     try:
-        import xstage.moe.device_plan as dp
-
-        dp.launch = timed
         for i in range(N):
             fused_moe(x, *routes[i % 16], w1t, w2, buf)
         torch.cuda.synchronize()
     finally:
-        backend.launch = real
-        dp.launch = real
+        backend.Launch.__call__ = real
     return {k: float(np.median(v)) * len(v) / N / 1e3 for k, v in spent.items()}
 
 
@@ -123,11 +123,17 @@ def _descriptor_encode_us(buf, w1t, w2) -> float:
         return float("nan")
     meta = {"swizzle": 3, "elem_size": 2, "elem_type": 1, "block_size": list(descs[0].block_shape),
             "fp4_padded": False}
+    # (arg, metadata) on Triton 3.6; a third, unused argument on later ones
+    extra = (None,) * (len(inspect.signature(nv.make_tensordesc_arg).parameters) - 2)
+
+    def encode(d, m):
+        return nv.make_tensordesc_arg(d, m, *extra)
+
     ts = []
     for _ in range(N):
         t0 = time.perf_counter_ns()
         for d in descs:
-            nv.make_tensordesc_arg(d, dict(meta, block_size=list(d.block_shape)), None)
+            encode(d, dict(meta, block_size=list(d.block_shape)))
         ts.append(time.perf_counter_ns() - t0)
     return float(np.median(ts)) / 1e3
 
