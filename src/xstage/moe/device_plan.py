@@ -140,37 +140,39 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
     st, c = _scratch(buf), buf.cfg
     on_gpu = _on_gpu(buf)
     n_ent = buf.R * rows_per_source * buf.K
-    if programs is None:
-        if on_gpu:
-            # Enough programs for the entries and for the tasks the largest routing of this call makes.
-            # Plain integer arithmetic: triton.cdiv is a constexpr function, microseconds a call on the host.
-            units = min(buf.units_cap, -(-n_ent // c.block_m) + buf.E_local)
-            programs = max(1, -(-n_ent // _BE), -(-units * (st.n1 + st.n2) // _BT))
-        else:
-            programs = 1
-    programs = max(1, min(int(programs), st.programs_max))
-    cta_start = st.cta_start(ctas)
-    if compile_only or not (on_gpu or programs == 1):
-        args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback, on_gpu)
-        if compile_only:
-            moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
-            return None
-        # The interpreter runs programs in turn, so a grid barrier could never open: phase by phase.
-        for phase in range(1, 5):
-            moe_plan_kernel[(programs,)](*args, FIRST=phase, LAST=phase, WAIT=False, **consts)
-    else:
-        # One launch object per order, grid size and routing source: only the routing and its token
-        # count change from call to call (`backend.Launch`).
-        key = ("prologue launch", base, k, ctas, loopback, rank, buf.timeout_ns, idx_delta.data_ptr())
+    if programs is None and not compile_only:
+        # A steady call: one launch object and one plan per order, grid size and routing source; only
+        # the routing and its token count change from call to call (`backend.Launch`).
+        key = ("prologue launch", base, k, ctas, loopback, rank, buf.timeout_ns, idx_delta.data_ptr(), pacing)
         site = buf._plans.get(key)
         if site is None:
             args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback,
                                           on_gpu)
-            site = buf._plans[key] = Launch(moe_plan_kernel, args, dict(consts, FIRST=1, LAST=4, WAIT=on_gpu),
-                                            holes=(0, _ROWS_ARG))
-        site((programs,), idx, rows_per_source)
-    lay = st.layout
-    return DevicePlan(lay, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, cta_start, pacing)
+            launch = Launch(moe_plan_kernel, args, dict(consts, FIRST=1, LAST=4, WAIT=on_gpu), holes=(0, _ROWS_ARG))
+            made = DevicePlan(st.layout, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, st.cta_start(ctas),
+                              pacing)
+            site = buf._plans[key] = (launch, made)
+        launch, made = site
+        programs = 1  # the interpreter's one program runs the phases in turn
+        if on_gpu:
+            # Enough programs for the entries and for the tasks the largest routing of this call makes.
+            # Plain integer arithmetic: triton.cdiv is a constexpr function, microseconds a call on the host.
+            units = min(buf.units_cap, -(-n_ent // c.block_m) + buf.E_local)
+            programs = min(max(1, -(-n_ent // _BE), -(-units * (st.n1 + st.n2) // _BT)), st.programs_max)
+        launch((programs,), idx, rows_per_source)
+        return made
+    programs = max(1, min(int(programs or 1), st.programs_max))
+    args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback, on_gpu)
+    if compile_only:
+        moe_plan_kernel.warmup(*args, grid=(programs,), FIRST=1, LAST=4, WAIT=on_gpu, **consts)
+        return None
+    if on_gpu or programs == 1:  # (one program runs every phase)
+        moe_plan_kernel[(programs,)](*args, FIRST=1, LAST=4, WAIT=on_gpu, **consts)
+    else:
+        # The interpreter runs programs in turn, so a grid barrier could never open: phase by phase.
+        for phase in range(1, 5):
+            moe_plan_kernel[(programs,)](*args, FIRST=phase, LAST=phase, WAIT=False, **consts)
+    return DevicePlan(st.layout, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, st.cta_start(ctas), pacing)
 
 
 _ROWS_ARG = 19  # the position of `rows_per_source` in `_prologue_args`
