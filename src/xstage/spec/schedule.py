@@ -215,7 +215,14 @@ def check_schedule(name: str) -> str:
     return name
 
 
+_PARSED: dict[str, tuple[str, str]] = {}  # names parsed before: every call parses its order a few times
+
+
 def _parse(name: str):
+    hit = _PARSED.get(name) if isinstance(name, str) else None
+    # Still an order (a chooser registered since, or an entry removed, would change the answer).
+    if hit is not None and hit[0] in _REGISTRY and hit[0] not in _CHOOSERS:
+        return hit
     if not isinstance(name, str):
         raise InputError(f"schedule {name!r}: must be a string such as 'lag:4'")
     base, _, arg = name.partition(":")
@@ -228,6 +235,8 @@ def _parse(name: str):
             raise InputError(f"schedule {name!r}: lag needs a non-negative integer, e.g. 'lag:2'")
     elif arg:
         raise InputError(f"schedule {name!r}: {base} takes no argument")
+    if len(_PARSED) < 1024:  # bounded: names such as lag:k are many
+        _PARSED[name] = (base, arg)
     return base, arg
 
 
