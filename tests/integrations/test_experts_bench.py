@@ -2,6 +2,9 @@
 of parameters, and the summary with its fit of the measured calls."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,3 +62,21 @@ def test_summary_gives_ratios_and_fits_the_calls(tmp_path):
         (k, m, t) for k in ("fused", "grouped_mm") for m in ("eager", "graph") for t in (64, 4096)}
     calls = load_experts_calls(tmp_path / "experts-calls.json")
     assert calls.predict("G", "bf16", "H256-I128-E16-K2", "grouped_mm", "eager", 4096) == pytest.approx(800e3)
+
+
+def test_command_takes_no_repeat_counts_and_refuses_without_a_gpu(tmp_path):
+    # The grid sizes its own runs: --warmup and --rep would be ignored, so they are refused.
+    env = {"PYTHONPATH": str(Path(bench.__file__).parents[3]), "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1",
+           "PATH": "/usr/bin:/bin"}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "xstage", "bench", "experts", *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    res = cli("-o", "new", "--rep", "3")
+    assert res.returncode == 2 and "unrecognized arguments: --rep 3" in res.stderr, res.stderr
+    if not torch.cuda.is_available():
+        res = cli("-o", "new")
+        assert res.returncode == 2 and res.stderr.strip().splitlines()[-1] == (
+            "xstage bench experts: error: needs a CUDA GPU (--summarize-only runs anywhere)"), res.stderr
+    assert not (tmp_path / "new").exists()

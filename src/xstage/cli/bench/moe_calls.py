@@ -3,21 +3,9 @@
 
 from __future__ import annotations
 
-from xstage.bench.moe_calls import (
-    RESULTS,
-    SUMMARY_FILES,
-    grid_configs,
-    read_calls_csv,
-    require_transformers,
-    run_grid,
-    summarize,
-)
+from xstage.bench import moe_calls
 from xstage.cli.args import add_force_option
-from xstage.cli.bench import add_grid_options
-from xstage.env import has_gpu
-from xstage.errors import InputError
-from xstage.results import emit, select
-from xstage.results.output import Outputs
+from xstage.cli.bench import add_grid_options, handle_gpu_grid
 
 
 def register_bench(grids) -> None:
@@ -29,18 +17,6 @@ def register_bench(grids) -> None:
 
 
 def _handler(args) -> int:
-    outs = Outputs("xstage bench moe-calls", force=args.force)
-    out = outs.folder(args.out, "-o", files=SUMMARY_FILES, append=() if args.summarize_only else [RESULTS])
-    select(grid_configs(), args.only)  # an --only that selects nothing fails here, before any GPU work
-    if args.summarize_only and not (out / RESULTS).is_file():
-        raise InputError(f"-o {out}: holds no {RESULTS} to summarize; run the grid first")
-    if not args.summarize_only:
-        if not has_gpu():
-            raise InputError("needs a CUDA GPU (--summarize-only runs anywhere)")
-        require_transformers()
-    rows = read_calls_csv(out / RESULTS) if args.summarize_only else None  # refused before any output
-    with outs:
-        summary = (summarize(out, rows) if args.summarize_only
-                   else run_grid(out, args.only, args.warmup, args.rep, args.budget_s))
-    emit(summary, args.json, (out / "summary.md").read_text())
-    return 0
+    return handle_gpu_grid(args, "xstage bench moe-calls", moe_calls, moe_calls.read_calls_csv,
+                           lambda out: moe_calls.run_grid(out, args.only, args.warmup, args.rep, args.budget_s),
+                           moe_calls.require_transformers)
