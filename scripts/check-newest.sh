@@ -24,7 +24,7 @@ PIP_CONSTRAINT=/dev/null "$py" -m pip install -q "${TORCH_SPEC:-torch==2.13.0+cp
 { sed -n '/^#/p' constraints.txt; cat "$out/installed.txt"; } > "$out/constraints.proposed.txt"
 diff <(grep -v '^#' constraints.txt | sort -f) <(sort -f "$out/installed.txt") > "$out/constraints.diff" || true
 set +e
-"$py" -m pytest -q -p no:cacheprovider 2>&1 | tee "$out/pytest.log"
+"$py" -m pytest -q -n auto -p no:cacheprovider 2>&1 | tee "$out/pytest.log"
 rc_tests=${PIPESTATUS[0]}
 (cd "$repo" && "$out/venv/bin/lint-imports") 2>&1 | tee "$out/lint-imports.log"
 rc_lint=${PIPESTATUS[0]}
