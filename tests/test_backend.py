@@ -116,6 +116,65 @@ def _tile_sum_ref(x, table, a):
     return x.double() * a + s[torch.arange(x.numel(), device=x.device) % 8]
 
 
+def test_a_launch_hook_counts_as_set_only_when_something_is_hooked():
+    # Triton's launch hooks: None on older versions, a `HookChain` (empty when nothing is hooked) on
+    # newer ones. An empty chain must not count as a hook, or every relaunch takes Triton's slow path.
+    from triton import knobs
+
+    from xstage.backend import hooked
+
+    assert not hooked(None)
+    assert hooked(lambda metadata: None)  # an older Triton's hook: a plain callable
+    chain = type(knobs.runtime.launch_enter_hook)() if hasattr(knobs.runtime.launch_enter_hook, "calls") else None
+    if chain is not None:
+        assert not hooked(chain)
+        chain.add(print)
+        assert hooked(chain)
+        chain.remove(print)
+        assert not hooked(chain)
+    assert not hooked(knobs.runtime.launch_enter_hook) and not hooked(knobs.runtime.launch_exit_hook)
+
+
+@pytest.mark.gpu
+def test_a_relaunch_calls_the_c_launcher_unless_a_hook_is_set():
+    # On a Triton whose launcher `Launch` knows, a cached launch goes straight to the C launcher (no
+    # `compiled.run`); with a launch hook set, the hook sees every launch. Outputs equal Triton's own.
+    import triton
+    from triton import knobs
+
+    from xstage import backend
+
+    if not triton.__version__.startswith(backend._RAW_TRITON):
+        pytest.skip(f"Triton {triton.__version__}: relaunches go through compiled.run")
+    x = torch.randn(4096, device="cuda")
+    site = backend.Launch(_axpb, (x, None, None, 3.0), dict(B=128, num_warps=4), holes=(1, 2))
+    ran = []
+    for hook in (None, lambda metadata: ran.append(metadata["name"])):
+        if hook is not None:
+            knobs.runtime.launch_enter_hook.add(hook)
+        try:
+            for n in (4096, 4096, 17):
+                y = torch.full_like(x, float("nan"))
+                site((triton.cdiv(n, 128),), y, n)
+                own = torch.full_like(x, float("nan"))
+                _axpb[(triton.cdiv(n, 128),)](x, own, n, 3.0, B=128, num_warps=4)
+                torch.cuda.synchronize()
+                assert torch.equal(y[:n], own[:n]) and torch.isnan(y[n:]).all(), n
+        finally:
+            if hook is not None:
+                knobs.runtime.launch_enter_hook.remove(hook)
+        names = {getattr(f, "__name__", "") for f in site._hits.values()}
+        assert names == {"relaunch"}, names
+    assert ran.count("_axpb") == 6, ran  # every launch of the second round: xstage's three and Triton's
+
+
+@triton.jit
+def _axpb(p_x, p_y, n, a, B: tl.constexpr):
+    o = tl.program_id(0) * B + tl.arange(0, B)
+    m = o < n
+    tl.store(p_y + o, tl.load(p_x + o, mask=m) * a + 1.0, mask=m)
+
+
 def test_a_launch_fills_its_holes_each_call():
     # Fixed arguments stay, holes take each call's values (in the interpreter: Triton's own launch).
     from xstage.backend import Launch

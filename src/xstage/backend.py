@@ -181,6 +181,13 @@ def _raw_launcher(compiled):
     return raw, expand, run
 
 
+def hooked(hook) -> bool:
+    """Whether a Triton launch hook is set. On Triton 3.6 (and later) each hook is a `HookChain`, never
+    None and is empty when nothing is hooked; before, None meant none. (Testing `is not None` alone sent
+    every relaunch on Triton 3.6 through `compiled.run`, with its per-launch descriptor encoding.)"""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 class Launch:
     """Launches of one kernel at one call site whose arguments are fixed but for a few: `args` with
     `holes` (their positions) given per launch, `consts` the kernel's constants and launch options.
@@ -255,7 +262,7 @@ class Launch:
                 compiled.packed_metadata, None)
 
         def relaunch(grid, values, device):
-            if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            if hooked(knobs.runtime.launch_enter_hook) or hooked(knobs.runtime.launch_exit_hook):
                 return through_run(grid, values, device)  # a profiler's hooks see Triton's own launch
             args = list(flat)
             for pos, v in zip(slots, values):
