@@ -50,7 +50,7 @@ def require() -> None:
 def refuse_interpreter_bf16(dtype, arg: str = "dtype") -> None:
     """Raise one `InputError` line when `dtype` (a `torch.dtype` or its short name) is bf16 and kernels run
     in Triton's CPU interpreter, whose bf16 `tl.dot` is wrong; `arg` names the argument."""
-    if interpreter_active() and (dtype is DTYPES["bf16"] or (isinstance(dtype, str) and dtype == "bf16")):
+    if (dtype is DTYPES["bf16"] or (isinstance(dtype, str) and dtype == "bf16")) and interpreter_active():
         raise InputError(f"{arg}=bf16: dtype bf16 cannot run in Triton's CPU interpreter (its bf16 tl.dot is "
                          "wrong); use fp16 or fp32 there")
 

@@ -61,9 +61,11 @@ _REDUCE_BT = 8
 
 
 def _check_tensor(name, t, shape, dtypes, device):
-    if (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype in dtypes and t.device.type == device.type
-            and t.is_contiguous()):
-        return  # the common case in one test: every call checks five tensors
+    # The common case in one test (every call checks five tensors). `is_cuda`/`is_cpu` say what
+    # `t.device.type` does without making a device object (1.5 us of a 2.4 us check on a CPU).
+    if (isinstance(t, torch.Tensor) and t.shape == shape and t.dtype in dtypes
+            and (t.is_cuda if device.type == "cuda" else device.type == "cpu" and t.is_cpu) and t.is_contiguous()):
+        return
     if not isinstance(t, torch.Tensor):
         raise InputError(f"{name}: expected a tensor, got {type(t).__name__}")
     if tuple(t.shape) != tuple(shape):
