@@ -27,6 +27,7 @@ Example (on a machine without a GPU, Triton's CPU interpreter; fp16 there, see `
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 import weakref
@@ -352,6 +353,12 @@ def launch_main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns: int | None = N
     of the global order (`Schedule.global_order()`; tile-cost calibration). `compile_only` compiles
     (or loads from Triton's cache) without launching."""
     backend.require()
+    return _main(x, w1t, w2, buf, p, timeout_ns, wait, trace, compile_only, w1_layout, b1, b2, activation)
+
+
+def _main(x, w1t, w2, buf: MoEBuffer, p: _Plan, timeout_ns, wait: bool, trace, compile_only: bool, w1_layout: str,
+          b1, b2, activation):
+    """`launch_main` once `backend.require()` has passed."""
     if trace is not None and (trace.dtype != torch.int64 or tuple(trace.shape) != (p.schedule.num_tasks, 3)
                               or trace.device.type != buf.device.type):
         raise InputError(f"trace: must be int64 [{p.schedule.num_tasks}, 3] on {buf.device}, "
@@ -408,6 +415,11 @@ def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = 
     `report` (a row of `MoEBuffer.report_row()`): the kernel moves this rank's error words there and
     clears them; without it they stay for `MoEBuffer.check()`."""
     backend.require()
+    return _reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, compile_only, report)
+
+
+def _reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns, wait: bool, compile_only: bool, report):
+    """`launch_reduce` once `backend.require()` has passed."""
     T = y.shape[0]
     grid = (max(1, -(-T // _REDUCE_BT)),)  # not triton.cdiv: a constexpr function, slow on the host
     row = buf._reports.rows[0] if report is None else report
@@ -475,12 +487,20 @@ def _precompile(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, pacing, timeout_ns
     buf._plans[key] = True
 
 
+@functools.cache
+def _device_plan():
+    from xstage.moe.device_plan import device_plan  # it builds on this module (an import per call: 1 us)
+
+    return device_plan
+
+
 def launch(x, topk_idx, topk_w, w1t, w2, buf: MoEBuffer, p: _Plan, y: torch.Tensor,
            timeout_ns: int | None = None, wait: bool = True, report: torch.Tensor | None = None,
            w1_layout: str = "interleaved", b1=None, b2=None, activation=SILU) -> torch.Tensor:
     """Enqueue the main and reduce kernels for a planned call (no host synchronisation)."""
-    launch_main(x, w1t, w2, buf, p, timeout_ns, wait, w1_layout=w1_layout, b1=b1, b2=b2, activation=activation)
-    return launch_reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, report=report)
+    backend.require()  # once for both (each is a microsecond or two of every call)
+    _main(x, w1t, w2, buf, p, timeout_ns, wait, None, False, w1_layout, b1, b2, activation)
+    return _reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, False, report)
 
 
 W1_LAYOUTS = ("interleaved", "concatenated")
@@ -616,9 +636,7 @@ def fused_moe(x, topk_idx, topk_weights, w1t, w2, buf: MoEBuffer, schedule: str 
         buf.idx_buf[: rows.shape[0]].copy_(topk_idx)
         buf.barrier(host=check is True)
     if plan_on == "device":
-        from xstage.moe.device_plan import device_plan  # it builds on this module
-
-        p = device_plan(topk_idx, buf, schedule, pacing=pacing)
+        p = _device_plan()(topk_idx, buf, schedule, pacing=pacing)
     else:
         p = plan(topk_idx, buf, schedule, pacing=pacing)
     y = torch.empty(rows.shape[0], buf.H, dtype=buf.out_dtype, device=buf.device)
