@@ -36,9 +36,9 @@ def select() -> None:
 
 def require() -> None:
     """Before a kernel call: a GPU, or the interpreter (with a one-time notice); else one clear line."""
-    if torch.cuda.is_available() and not interpreter_active():
-        return
     if not interpreter_active():
+        if torch.cuda.is_available():
+            return
         raise InputError("no CUDA GPU, and Triton's CPU interpreter is off (TRITON_INTERPRET=0): unset "
                          "TRITON_INTERPRET (or set TRITON_INTERPRET=1) before importing xstage to run kernels on "
                          "the CPU")

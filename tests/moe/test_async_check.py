@@ -18,8 +18,8 @@ from tests.moe.robustness import run
 from xstage.errors import CommTimeoutError, InputError, XstageError
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe, transform_weights
 from xstage.moe import buffer as moe_buffer
+from xstage.moe.checks import check_mode
 from xstage.moe.fp8 import quantize_weights, reference_moe_fp8
-from xstage.moe.fused import check_mode
 from xstage.moe.reference import loopback_inputs, reference_moe_virtual
 
 CFG = BlockConfig(block_m=16, block_n1=16, block_n2=32, block_k=32, block_d=32)

@@ -50,7 +50,7 @@ from xstage.errors import InputError, XstageError
 from xstage.integrations.transformers import weights as kw
 from xstage.integrations.transformers.weights import refuse as _refuse
 from xstage.moe import BlockConfig, LoopbackGroup, MoEBuffer, fused_moe
-from xstage.moe.fused import check_mode
+from xstage.moe.checks import check_mode
 from xstage.sched.experts import ExpertsCalls
 from xstage.sched.policy import Decision, choose_experts
 from xstage.spec.moe import MAX_TOKENS_PER_RANK
