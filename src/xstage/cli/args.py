@@ -56,6 +56,12 @@ def path_arg(text: str) -> str:
     return text
 
 
+def add_json_option(p) -> None:
+    """The `--json` option of a command whose standard output is one JSON document."""
+    p.add_argument("--json", action="store_true", help="print one standard JSON document on standard output and "
+                   "no progress (default: off, text for people)")
+
+
 def add_force_option(p) -> None:
     """The `--force` option of every command that writes files."""
     p.add_argument("--force", action="store_true", help="also replace output files that this command did not "

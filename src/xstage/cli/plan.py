@@ -18,7 +18,8 @@ from pathlib import Path
 from xstage.bounds import INT64_MAX, MAX_RANKS, MAX_WORKERS
 from xstage.calibrate.exchange import fit_default_exchange_costs, fit_exchange_costs
 from xstage.calibrate.tiles import CALIBRATION_SHAPES, calibrate_moe
-from xstage.cli.args import add_force_option, cli_int, cli_type, only_spec, path_arg
+from xstage.cli.args import add_force_option, add_json_option, cli_int, cli_type, only_spec, path_arg
+from xstage.cli.plan_layer import ULYSSES_FLAGS, register_layer
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import environment, has_gpu
 from xstage.errors import InputError
@@ -26,7 +27,7 @@ from xstage.model import Profile, load_default_profile
 from xstage.model.interference import load_default_interference
 from xstage.results import emit, markdown_table
 from xstage.results.io import ResultWriter, write_csv_atomic
-from xstage.results.output import Outputs
+from xstage.results.output import Outputs, with_provenance
 from xstage.results.plots import plot_lines
 from xstage.results.progress import Progress
 from xstage.sched.costs import TaskCosts, load_default_costs
@@ -43,12 +44,10 @@ from xstage.sched.exchange import (
     plan_exchange,
     validate_exchange,
 )
-from xstage.sched.layer import ELEM_BYTES, LAYER_PATHS, MAX_BATCH, LayerConfig, check_measured, prediction_rows
 from xstage.sched.measured import load_results
 from xstage.sched.moe import MoeConfig, check_seed, moe_dtype_fields
 from xstage.sched.pacing import resolve_pacing
 from xstage.sched.plan import CTAS_MEANING, MAX_PLAN_CTAS, MAX_PLAN_TOKENS, check_plannable, default_ctas, plan_moe
-from xstage.sched.policy import choose_exchange, choose_layer
 from xstage.sched.timeline import plot_timeline
 from xstage.sched.ulysses import attention_costs
 from xstage.sched.validate import fused_rows, validate_moe
@@ -63,7 +62,6 @@ PLOT_NAME = "plan_timeline.png"  # what `--plot FOLDER` writes in the folder
 MOE_COSTS, MOE_TILES = "moe-task-costs.json", "moe-tiles.csv"  # what `plan calibrate -o DIR` writes
 ATTENTION_COSTS = "attention-task-costs.json"  # what `plan attention-costs -o DIR` writes
 VALIDATION = {"moe": ("validation.csv", "validation.png"), "ulysses": ("validation-ulysses.csv",)}
-ULYSSES_FLAGS = ("--heads", "--dim", "--tokens", "--ranks")
 MAX_REPS = 1000  # traced runs per calibrated shape; the median of a few is what is kept
 
 
@@ -283,61 +281,6 @@ def run_plan_ulysses(args) -> int:
     return 0
 
 
-# The diffusion-transformer layers of the whole-layer issue (heads, dim, tokens, P); all in the main grid.
-DIT_CONFIGS = ((24, 128, 4608, 4), (24, 128, 32760, 4), (40, 128, 75600, 8))
-LAYER_FILES = ("predictions.csv", "measured-check.csv")
-
-
-def run_plan_layer(args) -> int:
-    sizes = dict(zip(ULYSSES_FLAGS, check_call_shape(args.heads, args.dim, args.tokens, args.ranks, ULYSSES_FLAGS)))
-    cfg = LayerConfig(*sizes.values(), batch=args.batch, path=args.path, dtype=args.dtype)
-    rows = prediction_rows([cfg])
-    d = choose_layer(cfg.heads, cfg.dim, cfg.tokens, cfg.ranks, path=cfg.path, dtype=cfg.dtype, batch=cfg.batch)
-    table = [{"scheme": r["scheme"], "time_us": r["predicted_ns"] / 1e3, "vs_bound": r["vs_bound"],
-              "vs_attention": r["vs_attention"]} for r in rows]
-    text = (f"{cfg.heads} heads x {cfg.dim}, {cfg.tokens} tokens, {cfg.ranks} ranks, batch {cfg.batch}, {cfg.path}, "
-            f"{cfg.dtype} (rank 0's whole layer; predicted, not measured)\n"
-            + markdown_table(table, list(table[0]), floatfmt=".4g")
-            + f"\nlower bound {rows[0]['bound_ns'] / 1e3:.4g} us; pick: {d.choice}")
-    emit({"rows": rows, "pick": d.choice}, args.json, text)
-    return 0
-
-
-def run_plan_layer_grid(args) -> int:
-    """Predictions of the whole layer for the main grid's configurations (host and peer paths, bf16),
-    and, with `--measured`, the measured part of the model checked against a benchmark CSV."""
-    outs = Outputs("xstage plan layer-grid", force=args.force, inputs=[("--measured", args.measured)])
-    out = outs.folder(args.out, "-o", files=LAYER_FILES if args.measured else LAYER_FILES[:1])
-    res = load_results(args.measured, kind="ulysses") if args.measured else None
-    from xstage.bench.ulysses import grid_configs  # the grid's shapes live with the benchmark
-
-    env = environment()
-    configs = [LayerConfig(c["heads"], c["dim"], c["tokens"], c["P"], path=path)
-               for path in LAYER_PATHS for c in grid_configs("main")]
-    today = {c: choose_exchange(c.heads, c.dim, c.tokens, c.ranks, path=c.path, dtype=c.dtype).choice
-             for c in configs}
-    rows = [{**r, "dit": int((r["heads"], r["dim"], r["tokens"], r["P"]) in DIT_CONFIGS)}
-            for r in prediction_rows(configs, today=today)]
-    summary = []
-    with outs:
-        write_csv_atomic(out / LAYER_FILES[0], _with_provenance(rows, env), list(rows[0]) + ["git_commit", "src_hash",
-                                                                                             "date"])
-        if res is not None:
-            checked, summary = check_measured(res.rows)
-            write_csv_atomic(out / LAYER_FILES[1], _with_provenance(checked, env), list(checked[0])
-                             + ["git_commit", "src_hash", "date"])
-    best = [r for r in rows if r["scheme"] == r["best_scheme"]]
-    table = [{"path": r["path"], "heads": r["heads"], "dim": r["dim"], "tokens": r["tokens"], "P": r["P"],
-              "best": r["scheme"], "best_vs_attention": r["vs_attention"], "best_vs_bound": r["vs_bound"],
-              "today_auto_vs_attention": r["today_auto_ns"] / r["attention_best_ns"]} for r in best]
-    text = markdown_table(table, list(table[0]), floatfmt=".3g")
-    if summary:
-        text += "\n\nthe measured part (attention, post exchange) against " + str(res.path) + "\n" + markdown_table(
-            summary, list(summary[0]), floatfmt=".4g")
-    emit({"best": table, "measured": summary}, args.json, text + f"\nwritten to {out}")
-    return 0
-
-
 def _exchange_costs(calibration: str | None):
     if calibration is None:
         return default_exchange_costs()
@@ -372,12 +315,6 @@ def run_attention_costs(args) -> int:
     return 0
 
 
-def _with_provenance(rows: list[dict], env: dict) -> list[dict]:
-    """Every row with the commit and date of the model that predicted it (results quote these rows); `env`
-    taken before the predictions, so a commit made while they run is not stamped on them."""
-    return [{**r, "git_commit": env["git_commit"], "src_hash": env["src_hash"], "date": env["date"]} for r in rows]
-
-
 def run_validate(args) -> int:
     outs = Outputs("xstage plan validate", force=args.force, inputs=[
         ("results", args.results), ("--profile", args.profile), ("--costs", args.costs),
@@ -405,7 +342,7 @@ def run_validate(args) -> int:
         csv_path = out / VALIDATION["ulysses"][0]
         with outs:
             out_rows, summary = validate_exchange(res.rows, _exchange_costs(args.calibration), exchanges)
-            out_rows = _with_provenance(out_rows, env)
+            out_rows = with_provenance(out_rows, env)
             write_csv_atomic(csv_path, out_rows, list(out_rows[0]))
         emit({"exchanges": summary}, args.json, markdown_table(summary, list(summary[0]), floatfmt=".4g")
              + f"\nwritten to {csv_path}")
@@ -419,7 +356,7 @@ def run_validate(args) -> int:
                                          source=str(res.path), lines=res.lines, pool_bytes=args.pool_bytes,
                                          interference=None if args.no_interference
                                          else load_default_interference(_load_profile(args.profile).path))
-        out_rows = _with_provenance(out_rows, env)
+        out_rows = with_provenance(out_rows, env)
         write_csv_atomic(csv_path, out_rows, list(out_rows[0]))
         plot_lines([{**r, "ratio": r["predicted_ns"] / r["measured_ns"]} for r in out_rows], "tokens", "ratio",
                    ["shape", "schedule"], png_path, logx=True, hline=1.0,
@@ -444,13 +381,9 @@ def _add_interference(p) -> None:
                    "interference term (default: the term of the profile's path where one is calibrated)")
 
 
-def _add_json(p) -> None:
-    p.add_argument("--json", action="store_true", help="print one standard JSON document on standard output and "
-                   "no progress (default: off, text for people)")
-
-
 def _register_ulysses(kinds) -> None:
-    """`plan ulysses`, `plan exchange-costs`, `plan layer`, `plan layer-grid` and `plan attention-costs`."""
+    """`plan ulysses`, `plan exchange-costs`, `plan layer` and `plan layer-grid` (`plan_layer`), and
+    `plan attention-costs`."""
     u = kinds.add_parser("ulysses", help="rank every Ulysses exchange (serial, overlap, stores) for one call shape")
     u.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
                    help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
@@ -464,7 +397,7 @@ def _register_ulysses(kinds) -> None:
     u.add_argument("--candidates", metavar="X1,X2", help="comma-separated exchanges: serial[:CORE], "
                    "overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]] "
                    f"(default: {','.join(EXCHANGE_CANDIDATES)})")
-    _add_json(u)
+    add_json_option(u)
     u.set_defaults(handler=run_plan_ulysses)
 
     x = kinds.add_parser("exchange-costs", help="fit the Ulysses exchange costs and write them as JSON (the "
@@ -474,36 +407,10 @@ def _register_ulysses(kinds) -> None:
                    "this command wrote (required)")
     _add_calibration(x)
     add_force_option(x)
-    _add_json(x)
+    add_json_option(x)
     x.set_defaults(handler=run_exchange_costs)
 
-    y = kinds.add_parser("layer", help="rank the schemes of a whole Ulysses layer (pre exchange, attention, post "
-                         "exchange) for one call shape, with its lower bound (a prediction; no GPU)")
-    y.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
-                   help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
-    y.add_argument("--dim", type=cli_type(check_head_dim), required=True, help="head dim in elements, one of "
-                   f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (required)")
-    y.add_argument("--tokens", type=cli_int(1, MAX_SEQ_TOKENS, "sequence length over all ranks"), required=True,
-                   help=f"sequence length in tokens over all ranks, 1..{MAX_SEQ_TOKENS} (required)")
-    y.add_argument("--ranks", type=cli_int(1, MAX_RANKS, "sequence-parallel ranks"), required=True,
-                   help=f"sequence-parallel group size in ranks, 1..{MAX_RANKS} and <= --heads (required)")
-    y.add_argument("--batch", type=cli_int(1, MAX_BATCH, "sequences per call"), default=1,
-                   help=f"sequences per call, 1..{MAX_BATCH} (default: 1)")
-    y.add_argument("--path", choices=LAYER_PATHS, default="host", help="where the exchanges go (default: host)")
-    y.add_argument("--dtype", choices=tuple(ELEM_BYTES), default="bf16", help="element type (default: bf16)")
-    _add_json(y)
-    y.set_defaults(handler=run_plan_layer)
-
-    g = kinds.add_parser("layer-grid", help="predict the whole Ulysses layer for every configuration of the main "
-                         "grid on the host and peer paths, bf16 (no GPU)")
-    g.add_argument("-o", "--out", required=True, type=path_arg, metavar="DIR",
-                   help=f"output folder, created if missing; {LAYER_FILES[0]} (and {LAYER_FILES[1]} with "
-                   "--measured) is written in it, replacing only a file this command wrote (required)")
-    g.add_argument("--measured", type=path_arg, metavar="CSV", help="ulysses.csv of `xstage bench ulysses` to check "
-                   "the measured part of the model against (attention alone, today's post exchanges; default: none)")
-    add_force_option(g)
-    _add_json(g)
-    g.set_defaults(handler=run_plan_layer_grid)
+    register_layer(kinds)
 
     a = kinds.add_parser("attention-costs", help="attention tile costs from the attention-alone rows of a "
                          "`xstage bench ulysses` CSV (no GPU)")
@@ -512,7 +419,7 @@ def _register_ulysses(kinds) -> None:
                    help="output folder, created if missing; "
                    f"{ATTENTION_COSTS} is written in it, replacing only a file this command wrote (required)")
     add_force_option(a)
-    _add_json(a)
+    add_json_option(a)
     a.set_defaults(handler=run_attention_costs)
 
 
@@ -548,7 +455,7 @@ def register(sub) -> None:
                    f"existing folder (writes {PLOT_NAME} in it); an existing file is replaced only if this command "
                    "wrote it, or with --force (default: no plot)")
     add_force_option(m)
-    _add_json(m)
+    add_json_option(m)
     m.set_defaults(handler=run_plan_moe)
 
     _register_ulysses(kinds)
@@ -576,7 +483,7 @@ def register(sub) -> None:
                    "the tile costs come from expert_wave (required among them), the others give the order effect "
                    "(xstage.sched.ordercost), e.g. expert_wave,interleaved,lag:1,lag:2,lag:4,lag:8,lag:16 "
                    "(default: %(default)s)")
-    _add_json(c)
+    add_json_option(c)
     c.set_defaults(handler=run_calibrate)
 
     v = kinds.add_parser("validate", help="predicted vs measured kernel times from `xstage bench moe` or "
@@ -605,5 +512,5 @@ def register(sub) -> None:
     v.add_argument("--exchange", default=None, metavar="X1,X2", help="Ulysses results: the exchanges to validate "
                    "(default: every exchange in the rows)")
     _add_calibration(v)
-    _add_json(v)
+    add_json_option(v)
     v.set_defaults(handler=run_validate)

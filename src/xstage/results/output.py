@@ -72,6 +72,12 @@ def emit(payload, as_json: bool, text: str) -> None:
     print(to_json(payload) if as_json else text)
 
 
+def with_provenance(rows: list[dict], env: dict) -> list[dict]:
+    """Every row with the commit and date of the model that predicted it (results quote these rows); `env`
+    taken before the predictions, so a commit made while they run is not stamped on them."""
+    return [{**r, "git_commit": env["git_commit"], "src_hash": env["src_hash"], "date": env["date"]} for r in rows]
+
+
 def write_text(path, text: str) -> Path:
     """Write `text` to `path` through a temporary file and a rename: never a half-written file."""
     path = Path(path)
