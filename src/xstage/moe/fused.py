@@ -90,8 +90,13 @@ def num_ctas(buf: MoEBuffer) -> int:
     not fit (the bounded waits turn the unlucky first launch into a timeout, not a hang)."""
     if buf.device.type != "cuda" or interpreter_active():
         return 1
-    sms = torch.cuda.get_device_properties(buf.device).multi_processor_count
+    sms = _SMS.get(buf.device)
+    if sms is None:  # a device's SMs do not change in a process; asking torch costs ~2 us a call
+        sms = _SMS[buf.device] = torch.cuda.get_device_properties(buf.device).multi_processor_count
     return sms * max(1, buf.cfg.ctas_per_sm or 1)
+
+
+_SMS: dict = {}  # torch.device -> its SM count (`num_ctas`)
 
 
 class _Plan:
