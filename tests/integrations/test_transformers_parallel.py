@@ -22,7 +22,8 @@ MODULE = r"model\.layers\.0\.mlp\.experts"
 
 def _spawn(tmp_path, case, world=WORLD):
     recs, hung = transformers_ranks.run(tmp_path, world, case)
-    assert hung == [], f"ranks {hung} still running at the timeout (killed)"
+    stacks = "".join(f"\n--- rank {r}'s stacks at the timeout:\n{recs[r].get('stack', '(none written)')}" for r in hung)
+    assert hung == [], f"ranks {hung} still running at the timeout (killed){stacks}"
     for r, rec in enumerate(recs):
         assert "error" not in rec, f"rank {r}: {rec['error']}"
     return recs

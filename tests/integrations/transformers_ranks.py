@@ -4,8 +4,10 @@ float64 copy of it unsharded as the reference, shards the original with `expert_
 tokens, and writes what it saw to a JSON file the test reads."""
 
 import copy
+import faulthandler
 import json
 import os
+import signal
 import tempfile
 import time
 import traceback
@@ -185,6 +187,10 @@ def _main_fp8(rank, world, case, out, device):
 def worker(rank, world, init_file, result_file, case):
     """One rank: runs `case` (dict: arch, dtype, max_tokens, check, refusals) and writes its records."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # A rank still running at the test's timeout is asked for its Python stacks before it is killed
+    # (`run`): written from the signal handler, so a rank blocked in a CUDA call says where it is too.
+    stacks = open(f"{result_file}.{rank}.stack", "w")
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     out = {}
@@ -216,7 +222,7 @@ def _leave(world):
 
 def run(tmp_path, world, case, timeout_s=300):
     """Spawn `world` ranks on `case`; (every rank's records, the ranks still running at the timeout,
-    which are killed)."""
+    which are killed after writing their Python stacks to their record's `stack`)."""
     import multiprocessing as mp
 
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
@@ -230,6 +236,9 @@ def run(tmp_path, world, case, timeout_s=300):
     for p in procs:
         p.join(max(1.0, timeout_s - (time.monotonic() - t0)))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        os.kill(procs[r].pid, signal.SIGUSR1)  # its stacks (`worker`)
+    time.sleep(2 if hung else 0)
     for p in procs:
         if p.is_alive():
             p.kill()
@@ -238,4 +247,6 @@ def run(tmp_path, world, case, timeout_s=300):
     for r in range(world):
         path = f"{result}.{r}"
         recs.append(json.load(open(path)) if os.path.exists(path) else {"error": "no result"})
+        if r in hung and os.path.exists(f"{path}.stack"):
+            recs[r]["stack"] = open(f"{path}.stack").read()[:6000]  # innermost frames first
     return recs, hung
