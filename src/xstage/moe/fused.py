@@ -333,9 +333,10 @@ def _check_residency(compiled, buf: MoEBuffer) -> None:
 
 def launch_reduce(topk_idx, topk_w, y, buf: MoEBuffer, timeout_ns: int | None = None, wait: bool = True,
                   compile_only: bool = False, report: torch.Tensor | None = None):
-    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]` (`compile_only`: compile it).
-    `report` (a row of `MoEBuffer.report_row()`): the kernel moves this rank's error words there and
-    clears them; without it they stay for `MoEBuffer.check()`."""
+    """Enqueue the completion wait + top-k weighted reduce into `y [T, H]` (`compile_only`: compile it),
+    after the same call's `launch_main`: a reduce alone breaks the buffer's call protocol
+    (docs/failures.md). `report` (a row of `MoEBuffer.report_row()`): the kernel moves this rank's
+    error words there and clears them; without it they stay for `MoEBuffer.check()`."""
     backend.require()
     return _reduce(topk_idx, topk_w, y, buf, timeout_ns, wait, compile_only, report)
 
