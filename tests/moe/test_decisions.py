@@ -194,6 +194,24 @@ def test_forcing_one_part_leaves_the_other_to_the_planner(calls):
     assert p.pacing == resolve_pacing(pick_pacing_for_buffer(buf, 8, 1, "lag:1"), "host", 2)
 
 
+def test_a_steady_device_plan_follows_forced_and_cleared_decisions(calls):
+    # The device plan reuses what the first call at a token count resolved; forcing or clearing a
+    # decision must reach the next call at that count, not the resolved order of before.
+    buf = _buffer()
+    _, idx, *_ = _problem(16, 4, 2, 2, seed=5)
+    first = device_plan(idx[:8], buf, "model_guided", pacing="auto")
+    assert device_plan(idx[:8], buf, "model_guided", pacing="auto").schedule == first.schedule
+    asked = len(calls)
+    assert device_plan(idx[:8], buf, "model_guided", pacing="auto") is not None and len(calls) == asked  # no re-ask
+    forced = "lag:1" if first.schedule.name != "lag:1" else "expert_wave"
+    buf.force_decision(8, f"{forced}@off")
+    p = device_plan(idx[:8], buf, "model_guided", pacing="auto")
+    assert p.schedule.name == forced and p.pacing is None
+    buf.clear_decisions()
+    p = device_plan(idx[:8], buf, "model_guided", pacing="auto")
+    assert p.schedule.name == first.schedule.name and p.pacing == first.pacing
+
+
 @pytest.mark.parametrize("tokens,variant,arg", [
     pytest.param(-1, "lag:2", "tokens", id="negative-count"),
     pytest.param(17, "lag:2", "tokens", id="count-over-capacity"),

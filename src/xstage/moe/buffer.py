@@ -196,6 +196,7 @@ class MoEBuffer:
         self.pool_units = self._pool_units(pool_bytes, capacity_factor, elem)
         self._check_size(max_bytes)
         self._plans: dict = {}
+        self._steady: dict = {}  # (schedule, pacing, tokens) -> a steady call's prologue (`device_plan`)
         # Decisions per (request, CTAs, token bucket) and forced variants per bucket (`xstage.moe.decision`).
         self._decisions: dict = {}
         self._forced: dict = {}
@@ -274,6 +275,7 @@ class MoEBuffer:
         """Drop the cached and the forced decisions: the next calls ask the planner again."""
         self._decisions.clear()
         self._forced.clear()
+        self._steady.clear()
 
     def nbytes(self) -> dict[str, int]:
         """Bytes of each buffer (device unless noted); `total_bytes()` sums them."""

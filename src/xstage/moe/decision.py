@@ -216,6 +216,7 @@ def force(buf, tokens, variant) -> list[tuple[int, int]]:
     # Decisions made before in these buckets are made again, with the forced parts.
     for key in [k for k in buf._decisions if k[3] in his]:
         del buf._decisions[key]
+    buf._steady.clear()  # the steady calls' resolved orders and pacings (`device_plan`) with them
     return [(_bucket_lo(hi), hi) for hi in his]
 
 

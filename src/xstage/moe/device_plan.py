@@ -136,31 +136,13 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
     tokens per source; `programs` overrides the grid (at most the SMs; tests use it in the
     interpreter, where the phases then run as separate launches). `compile_only`: compile the GPU
     launch (or load it from Triton's cache) without running it."""
-    base, k = builtin_order(schedule)
-    st, c = _scratch(buf), buf.cfg
-    on_gpu = _on_gpu(buf)
-    n_ent = buf.R * rows_per_source * buf.K
     if programs is None and not compile_only:
-        # A steady call: one launch object and one plan per order, grid size and routing source; only
-        # the routing and its token count change from call to call (`backend.Launch`).
-        key = ("prologue launch", base, k, ctas, loopback, rank, buf.timeout_ns, idx_delta.data_ptr(), pacing)
-        site = buf._plans.get(key)
-        if site is None:
-            args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback,
-                                          on_gpu)
-            launch = Launch(moe_plan_kernel, args, dict(consts, FIRST=1, LAST=4, WAIT=on_gpu), holes=(0, _ROWS_ARG))
-            made = DevicePlan(st.layout, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, st.cta_start(ctas),
-                              pacing)
-            site = buf._plans[key] = (launch, made)
-        launch, made = site
-        programs = 1  # the interpreter's one program runs the phases in turn
-        if on_gpu:
-            # Enough programs for the entries and for the tasks the largest routing of this call makes.
-            # Plain integer arithmetic: triton.cdiv is a constexpr function, microseconds a call on the host.
-            units = min(buf.units_cap, -(-n_ent // c.block_m) + buf.E_local)
-            programs = min(max(1, -(-n_ent // _BE), -(-units * (st.n1 + st.n2) // _BT)), st.programs_max)
+        launch, made, programs = _steady_site(idx, idx_delta, rows_per_source, rank, buf, schedule, ctas, pacing,
+                                              loopback)
         launch((programs,), idx, rows_per_source)
         return made
+    base, k = builtin_order(schedule)
+    st, on_gpu = _scratch(buf), _on_gpu(buf)
     programs = max(1, min(int(programs or 1), st.programs_max))
     args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback, on_gpu)
     if compile_only:
@@ -173,6 +155,31 @@ def plan_tables(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer,
         for phase in range(1, 5):
             moe_plan_kernel[(programs,)](*args, FIRST=phase, LAST=phase, WAIT=False, **consts)
     return DevicePlan(st.layout, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, st.cta_start(ctas), pacing)
+
+
+def _steady_site(idx, idx_delta, rows_per_source: int, rank: int, buf: MoEBuffer, schedule: str, ctas: int,
+                 pacing: StorePacing | None, loopback: bool) -> tuple:
+    """(launch object, plan, grid size) of a steady call's prologue: one launch object and one plan per
+    order, grid size and routing source; only the routing and its token count change from call to call
+    (`backend.Launch`)."""
+    base, k = builtin_order(schedule)
+    st, c = _scratch(buf), buf.cfg
+    on_gpu = _on_gpu(buf)
+    key = ("prologue launch", base, k, ctas, loopback, rank, buf.timeout_ns, idx_delta.data_ptr(), pacing)
+    site = buf._plans.get(key)
+    if site is None:
+        args, consts = _prologue_args(idx, idx_delta, rows_per_source, rank, buf, base, k, ctas, loopback, on_gpu)
+        launch = Launch(moe_plan_kernel, args, dict(consts, FIRST=1, LAST=4, WAIT=on_gpu), holes=(0, _ROWS_ARG))
+        made = DevicePlan(st.layout, DeviceSchedule(schedule, ctas, st.n1, st.n2), st.tasks, st.cta_start(ctas), pacing)
+        site = buf._plans[key] = (launch, made)
+    programs = 1  # the interpreter's one program runs the phases in turn
+    if on_gpu:
+        # Enough programs for the entries and for the tasks the largest routing of this call makes.
+        # Plain integer arithmetic: triton.cdiv is a constexpr function, microseconds a call on the host.
+        n_ent = buf.R * rows_per_source * buf.K
+        units = min(buf.units_cap, -(-n_ent // c.block_m) + buf.E_local)
+        programs = min(max(1, -(-n_ent // _BE), -(-units * (st.n1 + st.n2) // _BT)), st.programs_max)
+    return (*site, programs)
 
 
 _ROWS_ARG = 19  # the position of `rows_per_source` in `_prologue_args`
@@ -205,18 +212,34 @@ def device_plan(topk_idx, buf: MoEBuffer, schedule: str, ctas: int | None = None
     that some routing could not run in the row pool raises `PoolTooSmallError` first
     (`check_pool_fits`). On a real group the peers' routing is read from their symmetric copies,
     written before the call's barrier (`fused_moe`)."""
-    tokens, ctas = int(topk_idx.shape[0]), ctas or num_ctas(buf)
-    pacing = call_pacing(pacing, buf, tokens, ctas, schedule)
-    schedule = _resolve_schedule(schedule, buf, tokens, ctas, pacing)
-    if builtin_order(schedule) is None:
-        return plan(topk_idx, buf, schedule, ctas, pacing=pacing)
-    check_pool_fits(schedule, buf)
-    st = _scratch(buf)
+    tokens = int(topk_idx.shape[0])
+    # A steady call (the same request at a token count seen before) reuses what the first one resolved:
+    # the pacing, the order, the pool check and the prologue's launch (`MoEBuffer._steady`, cleared when
+    # a decision is forced or cleared).
+    key = (schedule, pacing, tokens) if (ctas is None and programs is None and isinstance(schedule, str)
+                                         and (pacing is None or isinstance(pacing, (str, StorePacing)))) else None
+    hit = buf._steady.get(key) if key is not None else None
+    if hit is None:
+        ctas = ctas or num_ctas(buf)
+        pacing = call_pacing(pacing, buf, tokens, ctas, schedule)
+        schedule = _resolve_schedule(schedule, buf, tokens, ctas, pacing)
+        if builtin_order(schedule) is None:
+            return plan(topk_idx, buf, schedule, ctas, pacing=pacing)
+        check_pool_fits(schedule, buf)
+        st = _scratch(buf)
+        idx, rows, rank = (topk_idx.contiguous(), tokens, 0) if buf.loopback else (buf.idx_buf, buf.T_max, buf.rank)
+        if programs is not None:
+            return plan_tables(idx, st.idx_delta, rows, rank, buf, schedule, ctas, pacing, loopback=buf.loopback,
+                               programs=programs)
+        hit = _steady_site(idx, st.idx_delta, rows, rank, buf, schedule, ctas, pacing, buf.loopback)
+        if key is not None:
+            buf._steady[key] = hit
+    launch, made, n_programs = hit
     if buf.loopback:
-        return plan_tables(topk_idx.contiguous(), st.idx_delta, tokens, 0, buf, schedule, ctas, pacing,
-                           loopback=True, programs=programs)
-    return plan_tables(buf.idx_buf, st.idx_delta, buf.T_max, buf.rank, buf, schedule, ctas, pacing,
-                       loopback=False, programs=programs)
+        launch((n_programs,), topk_idx.contiguous(), tokens)
+    else:
+        launch((n_programs,), buf.idx_buf, buf.T_max)
+    return made
 
 
 def precompile_prologue(buf: MoEBuffer, schedule: str) -> None:
