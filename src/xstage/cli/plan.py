@@ -19,7 +19,7 @@ from xstage.bounds import INT64_MAX, MAX_RANKS, MAX_WORKERS
 from xstage.calibrate.exchange import fit_default_exchange_costs, fit_exchange_costs
 from xstage.calibrate.tiles import CALIBRATION_SHAPES, calibrate_moe
 from xstage.cli.args import add_force_option, add_json_option, cli_int, cli_type, only_spec, path_arg
-from xstage.cli.plan_layer import ULYSSES_FLAGS, register_layer
+from xstage.cli.plan_layer import ULYSSES_FLAGS, add_call_shape, register_layer
 from xstage.dtypes import FP8_DTYPES, dtype_name, parse_dtype
 from xstage.env import environment, has_gpu
 from xstage.errors import InputError
@@ -34,10 +34,7 @@ from xstage.sched.costs import TaskCosts, load_default_costs
 from xstage.sched.exchange import CANDIDATES as EXCHANGE_CANDIDATES
 from xstage.sched.exchange import (
     COSTS_JSON,
-    MAX_HEADS,
-    MAX_SEQ_TOKENS,
     check_call_shape,
-    check_head_dim,
     check_predictable,
     costs_to_dict,
     default_exchange_costs,
@@ -55,7 +52,6 @@ from xstage.spec.exchange import parse_exchange
 from xstage.spec.moe import MAX_TOKENS_PER_RANK, MoeShape, check_block_size, parse_block
 from xstage.spec.pacing import AUTO, PACING_CANDIDATES, spec_of
 from xstage.spec.schedule import CANDIDATES, check_schedule
-from xstage.spec.ulysses import SUPPORTED_HEAD_DIMS
 from xstage.spec.variant import Variant
 
 PLOT_NAME = "plan_timeline.png"  # what `--plot FOLDER` writes in the folder
@@ -385,14 +381,7 @@ def _register_ulysses(kinds) -> None:
     """`plan ulysses`, `plan exchange-costs`, `plan layer` and `plan layer-grid` (`plan_layer`), and
     `plan attention-costs`."""
     u = kinds.add_parser("ulysses", help="rank every Ulysses exchange (serial, overlap, stores) for one call shape")
-    u.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
-                   help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
-    u.add_argument("--dim", type=cli_type(check_head_dim), required=True, help="head dim in elements, one of "
-                   f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (the attention kernel's; required)")
-    u.add_argument("--tokens", type=cli_int(1, MAX_SEQ_TOKENS, "sequence length over all ranks"), required=True,
-                   help=f"sequence length in tokens over all ranks, 1..{MAX_SEQ_TOKENS} (required)")
-    u.add_argument("--ranks", type=cli_int(1, MAX_RANKS, "sequence-parallel ranks"), required=True,
-                   help=f"sequence-parallel group size in ranks, 1..{MAX_RANKS} and <= --heads (required)")
+    add_call_shape(u)
     _add_calibration(u)
     u.add_argument("--candidates", metavar="X1,X2", help="comma-separated exchanges: serial[:CORE], "
                    "overlap[:CORE[:BLOCKS]], stores[:burst|:paced[:R]] "

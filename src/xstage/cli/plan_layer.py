@@ -72,18 +72,23 @@ def run_plan_layer_grid(args) -> int:
     return 0
 
 
+def add_call_shape(p) -> None:
+    """The options of one Ulysses call shape (`ULYSSES_FLAGS`): `plan ulysses` and `plan layer`."""
+    p.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
+                   help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
+    p.add_argument("--dim", type=cli_type(check_head_dim), required=True, help="head dim in elements, one of "
+                   f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (the attention kernel's; required)")
+    p.add_argument("--tokens", type=cli_int(1, MAX_SEQ_TOKENS, "sequence length over all ranks"), required=True,
+                   help=f"sequence length in tokens over all ranks, 1..{MAX_SEQ_TOKENS} (required)")
+    p.add_argument("--ranks", type=cli_int(1, MAX_RANKS, "sequence-parallel ranks"), required=True,
+                   help=f"sequence-parallel group size in ranks, 1..{MAX_RANKS} and <= --heads (required)")
+
+
 def register_layer(kinds) -> None:
     """`plan layer` and `plan layer-grid` under `xstage plan`."""
     y = kinds.add_parser("layer", help="rank the schemes of a whole Ulysses layer (pre exchange, attention, post "
                          "exchange) for one call shape, with its lower bound (a prediction; no GPU)")
-    y.add_argument("--heads", type=cli_int(1, MAX_HEADS, "attention heads over all ranks"), required=True,
-                   help=f"attention heads over all ranks, 1..{MAX_HEADS} (required)")
-    y.add_argument("--dim", type=cli_type(check_head_dim), required=True, help="head dim in elements, one of "
-                   f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (required)")
-    y.add_argument("--tokens", type=cli_int(1, MAX_SEQ_TOKENS, "sequence length over all ranks"), required=True,
-                   help=f"sequence length in tokens over all ranks, 1..{MAX_SEQ_TOKENS} (required)")
-    y.add_argument("--ranks", type=cli_int(1, MAX_RANKS, "sequence-parallel ranks"), required=True,
-                   help=f"sequence-parallel group size in ranks, 1..{MAX_RANKS} and <= --heads (required)")
+    add_call_shape(y)
     y.add_argument("--batch", type=cli_int(1, MAX_BATCH, "sequences per call"), default=1,
                    help=f"sequences per call, 1..{MAX_BATCH} (default: 1)")
     y.add_argument("--path", choices=LAYER_PATHS, default="host", help="where the exchanges go (default: host)")
