@@ -44,8 +44,9 @@ from .test_fuzz_files import MOE, PROBE_SUMMARY_FILE, REFERENCE, ULY
 
 def _leaves(parser, words=()):
     sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-    if sub is None:
+    if sub is None or parser._defaults.get("handler"):  # a command of its own, its subcommands optional
         yield words, parser
+    if sub is None:
         return
     for name, child in sub.choices.items():
         yield from _leaves(child, (*words, name))
@@ -58,7 +59,8 @@ def _valued(parser) -> list[argparse.Action]:
     """The options that take a value (and positionals): what a malformed value can be given to."""
     return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._VersionAction,
                                                             argparse._StoreTrueAction, argparse._StoreFalseAction,
-                                                            argparse._StoreConstAction, argparse._CountAction))]
+                                                            argparse._StoreConstAction, argparse._CountAction,
+                                                            argparse._SubParsersAction))]
 
 
 def _flag(a: argparse.Action) -> str:
@@ -100,7 +102,8 @@ FILES = {"moe.csv": MOE.text, "calls/moe-calls.csv": _calls_text(), "experts/exp
          "costs.json": COSTS_JSON.read_text(),
          "grid/moe.csv": committed(MOE_CSV, 4), "grid/ulysses.csv": ULY.text, "grid/core.csv": committed(CORE_CSV, 4),
          "probe/summary.csv": PROBE_SUMMARY_FILE.text, "afile": "made by the user\n", "notes.png": "a user's file\n",
-         "empty.csv": ""}
+         "empty.csv": "", "trace.csv": "launch,cta,burst_index,burst_bytes,start_ns,issue_ns\n0,0,0,4096,0,900\n"
+                                         "0,0,1,65536,2000,1500\n0,1,0,4096,10,900\n"}
 
 
 def _make(d: Path) -> None:
@@ -140,6 +143,7 @@ BASES = {
     ("bench", "experts"): [Base(("bench", "experts", "-o", "experts", "--summarize-only", "--json")),
                            Base(("bench", "experts", "-o", "new", "--json"), GPU)],
     ("model",): [Base(("model", "--burst", "64KiB", "--json")), Base(("model", "--plot", "plots", "--json"))],
+    ("model", "score"): [Base(("model", "score", "trace.csv", "--json"))],
     ("fit",): [Base(("fit", "data.csv", "-o", "p.json", "--bootstrap", "0", "--structure", "base", "--json"))],
     ("plan", "moe"): [Base(PLAN_MOE)],
     ("plan", "ulysses"): [Base(("plan", "ulysses", "--heads", "24", "--dim", "128", "--tokens", "4096", "--ranks",
@@ -289,9 +293,9 @@ def _grammars() -> dict:
 # its valid value). Values drawn for each role are all malformed for it.
 PATHS = {
     "-o": "out-folder", "--out": "out-folder", "--plot": "out-folder",
-    "fit --output": "out-file", "plan moe --plot": "out-png",
+    "fit --output": "out-file", "model score --output": "out-file", "plan moe --plot": "out-png",
     "--profile": "in", "--costs": "in", "--calibration": "in", "--data": "in", "--tuned-from": "in",
-    "fit data": "in", "results": "in", "--measured": "in",
+    "fit data": "in", "model score trace": "in", "results": "in", "--measured": "in",
 }
 BAD_PATHS = {
     "out-folder": ["afile", "afile/sub", "fifo", "/dev/null", "", "moe.csv", "notes.png/x", "/proc/1/x"],

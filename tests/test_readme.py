@@ -88,18 +88,22 @@ def _check(parser, words: list[str]) -> str | None:
     arguments may be left out: prose names commands without their arguments."""
     import argparse
 
+    value = False  # the word after a flag that takes one is its value, not a command
     for w in words:
         subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if subs and not w.startswith("-"):
+        if subs and not w.startswith("-") and not value:
             if w not in subs[0].choices:
                 return f"unknown command {w!r}"
             parser = subs[0].choices[w]
             continue
+        value = False
         if w.startswith("-"):
             flag = w.split("=", 1)[0]
-            known = {o for a in parser._actions for o in a.option_strings}
-            if flag not in known:
+            action = next((a for a in parser._actions if flag in a.option_strings), None)
+            if action is None:
+                known = {o for a in parser._actions for o in a.option_strings}
                 return f"unknown flag {flag!r} (known: {sorted(known)})"
+            value = "=" not in w and action.nargs != 0
     return None
 
 

@@ -40,6 +40,9 @@ from xstage.model.fit import STRUCTURES, BootstrapStore, fit_key
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.predict import simulate_launch, weighted_median
 from xstage.model.profile import PATHS, Profile, load_default_profile
+from xstage.model.simulate import ENGINES
+from xstage.model.trace import read_trace, score_trace
+from xstage.results.io import write_csv_atomic
 from xstage.results.output import Outputs, emit
 from xstage.results.progress import Progress, say
 
@@ -277,6 +280,78 @@ def run_model(args) -> int:
     return 0
 
 
+SCORE_COLUMNS = ["launch", "cta", "burst_index", "family", "burst_bytes", "start_ns", "measured_ns", "predicted_ns",
+                 "error", "naive_ns", "naive_error"]
+
+
+def _score_text(summary: dict, trace, prof, profile_arg) -> list[str]:
+    def row(label: str, st: dict) -> str:
+        if not st["n"]:
+            return f"  {label:<36} (none)"
+        return (f"  {label:<36} median {100 * st['median']:6.1f}%  p90 {100 * st['p90']:6.1f}%  "
+                f"max {100 * st['max']:7.1f}%  (n={st['n']})")
+
+    def block(s: dict) -> list[str]:
+        return [row("issue time per burst, model", s["bursts"]),
+                row("issue time per burst, bytes / r0", s["bursts_bytes_over_r0"]),
+                row("end of the launch (last CTA), model", s["end"])]
+
+    lines = [f"{trace.source}: {len(trace.launches)} launch(es), {summary['bursts']['n']} bursts, scored with the "
+             f"{prof.path} profile {profile_arg or '(embedded)'}",
+             "error = |predicted - measured| / max(measured, 500 ns)"] + block(summary)
+    for name, s in summary["families"].items():
+        lines += [f"family {name}:"] + block(s)
+    return lines
+
+
+def run_score(args) -> int:
+    outs = Outputs("xstage model score", force=args.force, inputs=[("trace", args.trace), ("--profile", args.profile)])
+    out = outs.file(args.output, "-o") if args.output else None
+    prof = _load_profile(args.profile)
+    trace = read_trace(args.trace)
+    if trace.path is not None and trace.path != prof.path:
+        raise InputError(f"trace {args.trace}: its path is {trace.path}, the profile's is {prof.path}; give the "
+                         f"{trace.path} profile with --profile")
+    score = score_trace(trace, prof.params, engine=args.engine)
+    summary = score.summary()
+    if out is not None:
+        b = score.bursts
+        rows = [{c: (b[c][i].item() if hasattr(b[c][i], "item") else b[c][i]) for c in SCORE_COLUMNS}
+                for i in range(len(b["error"]))]
+        with outs:
+            write_csv_atomic(out, rows, SCORE_COLUMNS)
+    lines = _score_text(summary, trace, prof, args.profile) + ([f"wrote {out}"] if out is not None else [])
+    emit({"trace": str(args.trace), "profile": prof.path, "engine": args.engine, **summary,
+          **({"output": str(out)} if out is not None else {})}, args.json, "\n".join(lines))
+    return 0
+
+
+def register_score(sub) -> None:
+    s = sub.add_parser(
+        "score", help="score a profile on a per-burst trace of any kernel's stores",
+        description="Play every launch of a per-burst trace (one row per burst per CTA: launch, cta, burst_index, "
+                    "burst_bytes, start_ns, issue_ns; optional family, path, completion_ns, warps, vector_bytes; "
+                    "the format is documented in xstage.model.trace) through the Burst-Gap simulator, and print "
+                    "the error of each burst's issue time and of each launch's end, pooled and per family. "
+                    "Error = |predicted - measured| / max(measured, 500 ns); the plain bytes / r0 guess is scored "
+                    "beside the model.")
+    s.add_argument("trace", type=path_arg, help="trace CSV")
+    s.add_argument("--profile", type=path_arg, metavar="FILE",
+                   help="profile JSON written by `xstage fit` or `xstage probe` (default: the embedded H200 "
+                        "host-link profile)")
+    s.add_argument("--engine", default="fast", choices=list(ENGINES),
+                   help="simulator engine: fast (compiled) or reference (the plain one the tests hold it to) "
+                        "(default fast)")
+    s.add_argument("-o", "--output", type=path_arg, metavar="CSV",
+                   help="also write every burst's measured and predicted issue time and errors to this CSV, in an "
+                        "existing folder; an existing file is replaced only if this command wrote it, or with "
+                        "--force, and never the trace (default: none)")
+    add_force_option(s)
+    s.add_argument("--json", action="store_true",
+                   help="print standard JSON on standard output instead of text (default: text)")
+    s.set_defaults(handler=run_score)
+
+
 def checkpoint_path(out: Path) -> Path:
     """Where `xstage fit -o OUT` keeps its finished bootstrap rounds: `OUT.bootstrap.jsonl`."""
     return out.with_name(out.name + ".bootstrap.jsonl")
@@ -395,6 +470,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print standard JSON on standard output instead of text (default: text)")
     p.set_defaults(handler=run_model)
+    register_score(p.add_subparsers(dest="model_command", metavar="score", required=False))
 
     f = sub.add_parser(
         "fit", help="fit a Burst-Gap profile to probe data (long, summary or reference CSV)",
