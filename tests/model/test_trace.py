@@ -44,7 +44,8 @@ def _irregular(params, seed, n_cta=7):
     rows = []
     for c, prog in enumerate(progs):
         for k, (b, _) in enumerate(prog):
-            rows.append(_row(seed, c, k, int(b), 1000.0 + res.start_ns[c][k], res.issue_ns[c][k], family=f"f{seed % 2}"))
+            start = 1000.0 + res.start_ns[c][k]
+            rows.append(_row(seed, c, k, int(b), start, res.issue_ns[c][k], family=f"f{seed % 2}"))
     return rows, res
 
 
@@ -142,14 +143,17 @@ GOOD = [_row(0, 0, 0, 4096, 0, 900), _row(0, 0, 1, 4096, 2000, 900), _row(0, 1, 
     (lambda rs: [{k: v for k, v in r.items() if k != "start_ns"} for r in rs],
      r"no column\(s\) start_ns|looks like"),
     (lambda rs: [dict(rs[0], issue_ns="nan"), *rs[1:]], r"line 2, column issue_ns: nan: must be a finite"),
-    (lambda rs: [rs[0], dict(rs[1], burst_bytes=-4096), rs[2]], r"line 3, column burst_bytes: -4096: must be a positive"),
+    (lambda rs: [rs[0], dict(rs[1], burst_bytes=-4096), rs[2]],
+     r"line 3, column burst_bytes: -4096: must be a positive"),
     (lambda rs: [rs[0], rs[1], dict(rs[2], start_ns=-1)], r"line 4, column start_ns: -1: a time must be >= 0"),
     (lambda rs: [rs[0], rs[1], dict(rs[2], cta=2)], r"launch 0: CTA 1 has no bursts, though CTA 2 has"),
     (lambda rs: [rs[0], dict(rs[1], burst_index=2), rs[2]], r"launch 0, CTA 0: burst 1 is missing"),
     (lambda rs: [rs[0], dict(rs[1], start_ns=500), rs[2]],
      r"line 3: launch 0, CTA 0: burst 1 starts at 500 ns, before burst 0 ends \(0 \+ 900 ns\)"),
-    (lambda rs: [rs[0], dict(rs[1], burst_index=0), rs[2]], r"line 3: launch 0, CTA 0, burst 0 again \(first at .*line 2\)"),
-    (lambda rs: [dict(r, family="a" if i else "b") for i, r in enumerate(rs)], r"line 3, column family: 'a', but launch 0"),
+    (lambda rs: [rs[0], dict(rs[1], burst_index=0), rs[2]],
+     r"line 3: launch 0, CTA 0, burst 0 again \(first at .*line 2\)"),
+    (lambda rs: [dict(r, family="a" if i else "b") for i, r in enumerate(rs)],
+     r"line 3, column family: 'a', but launch 0"),
     (lambda rs: [dict(r, path="nvlink") for r in rs], r"line 2, column path: 'nvlink': must be one of"),
 ])
 def test_malformed_traces_are_refused_in_one_line_naming_the_row(tmp_path, capsys, change, message):

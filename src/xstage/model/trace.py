@@ -38,7 +38,8 @@ families in one launch.
 
 Example:
     >>> from xstage.model import load_default_profile
-    >>> rows = [dict(launch=0, cta=c, burst_index=0, burst_bytes=65536, start_ns=0, issue_ns=1500) for c in (0, 1)]
+    >>> rows = [dict(launch=0, cta=c, burst_index=0, burst_bytes=65536, start_ns=0, issue_ns=1500)
+    ...         for c in (0, 1)]
     >>> trace = trace_from_rows(rows)
     >>> s = score_trace(trace, load_default_profile("host").params)
     >>> len(s.bursts["predicted_ns"]), s.summary()["bursts"]["n"]
