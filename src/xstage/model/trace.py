@@ -33,8 +33,8 @@ Beside the model, the plain `bytes / r0` guess is scored the same way, as the ba
 
 Refused, in one line naming the file and line (`read_trace`): missing columns, a cell that is not a
 finite number, negative or zero sizes and issue times, a repeated burst, a CTA or burst index left
-out, two bursts of one CTA overlapping in time (by more than 1 ns of rounding), a launch with more CTAs than the simulator plays, two
-families in one launch.
+out, two bursts of one CTA overlapping in time (by more than 1 ns of rounding), a launch with more
+CTAs than the simulator plays, two families in one launch.
 
 Example:
     >>> from xstage.model import load_default_profile
