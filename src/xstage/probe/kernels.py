@@ -140,6 +140,84 @@ def wait_flags_kernel(p_pad, p_slot, p_peer, p_ok, p_err, expected, timeout_ns, 
     ok = wait_acquire(p_pad + slot, expected, timeout_ns, p_err, STAGE * 65536 + peer, WAIT, USE_PTX)
     tl.store(p_ok + i, ok.to(tl.int32))
 
+TIMES_PER_TRAIN_CTA = tl.constexpr(8)  # TIMES_PER_CTA's six, then gt and clk on leaving the common start
 
-__all__ = ["burst_kernel", "wait_flags_kernel", "TIMES_PER_BURST", "TIMES_PER_CTA", "CTA_VALUE_STRIDE",
-           "ALIGN_NS"]
+
+# A second kernel rather than per-CTA programs in `burst_kernel`: the regular sweeps keep the code
+# they were measured with (see the note on specialisation above).
+@triton.jit(do_not_specialize=["cta_base", "max_bursts", "region_steps"])
+def train_kernel(
+    p_table, p_like, p_dst_of_cta, cta_base,  # as in burst_kernel
+    p_prog,             # int32 [n_ctas, max_bursts, 2]: per burst, stores per thread and gap iterations before it
+    p_n_bursts,         # int32 [n_ctas]: bursts of each CTA's train (>= 1)
+    p_times,            # int64 [n_ctas, max_bursts, TIMES_PER_BURST], as in burst_kernel
+    p_cta,              # int64 [n_ctas, TIMES_PER_TRAIN_CTA]
+    p_sync, p_sink,     # as in burst_kernel
+    max_bursts,
+    region_steps,       # steps of each CTA's region: its largest burst over the launch
+    BLOCK: tl.constexpr,
+    VEC: tl.constexpr,
+    USE_PTX: tl.constexpr,
+):
+    """`burst_kernel` with a program per CTA (issue-only): CTA i runs `p_n_bursts[i]` bursts, burst k
+    after `p_prog[i, k, 1]` gap iterations (burst 0's: a start delay) of `p_prog[i, k, 0]` steps."""
+    i_cta = tl.program_id(0)
+    gt_begin = globaltimer(USE_PTX)
+    clk_begin = clock64(USE_PTX)
+    region = tl.cast(region_steps, tl.int64) * BLOCK
+    i_region = cta_base + i_cta
+    p_dst = peer_ptr(p_table, tl.load(p_dst_of_cta + i_cta), p_like) + i_region.to(tl.int64) * region
+    o_elem = tl.arange(0, BLOCK)
+    b_base = o_elem + i_region * CTA_VALUE_STRIDE
+    p_t = p_times + i_cta.to(tl.int64) * max_bursts * TIMES_PER_BURST
+    p_p = p_prog + i_cta.to(tl.int64) * max_bursts * 2
+    acc = i_cta.to(tl.float32) * 1e-3 + 1.0
+    if USE_PTX:
+        target = tl.atomic_cas(p_sync, tl.full([], 0, tl.int64), gt_begin + ALIGN_NS, sem="relaxed", scope="gpu")
+        target = tl.where(target == 0, gt_begin + ALIGN_NS, target)
+        while globaltimer(USE_PTX) < target:
+            acc = acc * 0.999999 + 1e-6
+    gt_go = globaltimer(USE_PTX)
+    clk_go = clock64(USE_PTX)
+    n_bursts = tl.load(p_n_bursts + i_cta)
+    for k in range(n_bursts):
+        n_steps = tl.load(p_p + 2 * k)
+        n_gap = tl.load(p_p + 2 * k + 1)
+        clk_gap = clock64(USE_PTX)
+        for _ in range(n_gap):
+            acc = acc * 0.999999 + 1e-6
+        tl.debug_barrier()
+        gt_start = globaltimer(USE_PTX)
+        clk_start = clock64(USE_PTX)
+        b_vals = b_base + k
+        p_step = p_dst
+        for _ in range(n_steps):
+            store_tile(p_step, o_elem, b_vals, None, VEC)
+            p_step += BLOCK
+            b_vals += BLOCK
+        tl.debug_barrier()
+        clk_issued = clock64(USE_PTX)
+        gt_issued = globaltimer(USE_PTX)
+        p_k = p_t + k * TIMES_PER_BURST
+        tl.store(p_k + 0, clk_gap)
+        tl.store(p_k + 1, clk_start)
+        tl.store(p_k + 2, clk_issued)
+        tl.store(p_k + 3, clk_issued)
+        tl.store(p_k + 4, gt_start)
+        tl.store(p_k + 5, gt_issued)
+    tl.debug_barrier()
+    clk_end = clock64(USE_PTX)
+    gt_end = globaltimer(USE_PTX)
+    p_c = p_cta + i_cta.to(tl.int64) * TIMES_PER_TRAIN_CTA
+    tl.store(p_c + 0, gt_begin)
+    tl.store(p_c + 1, clk_begin)
+    tl.store(p_c + 2, gt_end)
+    tl.store(p_c + 3, clk_end)
+    tl.store(p_c + 4, smid(USE_PTX).to(tl.int64))
+    tl.store(p_c + 6, gt_go)
+    tl.store(p_c + 7, clk_go)
+    tl.store(p_sink + i_cta, acc)
+
+
+__all__ = ["burst_kernel", "train_kernel", "wait_flags_kernel", "TIMES_PER_BURST", "TIMES_PER_CTA",
+           "TIMES_PER_TRAIN_CTA", "CTA_VALUE_STRIDE", "ALIGN_NS"]
