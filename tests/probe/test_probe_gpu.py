@@ -70,3 +70,28 @@ def test_flag_that_never_comes_times_out():
         assert ok.tolist() == [0, 0] and ctx.error[0].item() == error_code(STAGE_PROBE_FLAG, 1)
         with pytest.raises(CommTimeoutError, match="rank 0: wait for peer 1 timed out at stage probe.peer_flag"):
             ctx.check()
+
+
+def test_irregular_trains_record_one_time_line_and_score(tmp_path):
+    # Two families of the committed plan on the host path, at 16 SMs: rows with positive issue times,
+    # each CTA's bursts in order without overlap, and every family scored.
+    from xstage.model.profile import load_default_profile
+    from xstage.model.trace import read_trace, score_trace
+    from xstage.probe.session import measure_trains
+    from xstage.probe.trains import TRACE_FILE
+
+    with create_context(path="host", loopback_world=2) as ctx:
+        import xstage.probe.session as session
+
+        plan = session.plan_trains
+        session.plan_trains = lambda path, sm: [t for t in plan(path, 16) if t.family in ("staggered", "big_small")]
+        try:
+            info = measure_trains(ctx, tmp_path, "host", 16, {"git_commit": "test"}, repeats=1, progress=False)
+        finally:
+            session.plan_trains = plan
+    assert info["trains_run"] == 8
+    trace = read_trace(tmp_path / TRACE_FILE)  # refuses overlapping bursts, missing CTAs, times <= 0
+    s = score_trace(trace, load_default_profile("host").params).summary()
+    assert set(s["families"]) == {"staggered", "big_small"} and s["bursts"]["n"] > 0
+    stag = [la for la in trace.launches if la.family == "staggered"]
+    assert all(max(float(st[0]) for st in la.start_ns) > 5_000 for la in stag)  # the start delays show

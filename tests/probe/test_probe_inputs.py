@@ -9,7 +9,7 @@ import pytest
 from xstage.errors import InputError
 from xstage.probe.analysis import experiments, read_summary
 from xstage.probe.report import analyse
-from xstage.probe.session import _done
+from xstage.probe.session import read_done
 
 from ..corrupt import (
     PROBE_SUMMARY_CSV,
@@ -136,12 +136,12 @@ def test_run_record_it_cannot_read_is_named(tmp_path):
 
 def test_progress_record_it_cannot_read_is_named(tmp_path):
     good = write(tmp_path / "first.done", "n_sm=1 0,1\nn_sm=2 2\n")
-    assert _done(good) == {"n_sm=1": [0, 1], "n_sm=2": [2]}
+    assert read_done(good) == {"n_sm=1": [0, 1], "n_sm=2": [2]}
     bad = write(tmp_path / "bad.done", "n_sm=1 0,1\nn_sm=2 2,x\n")
     with pytest.raises(InputError, match=r"probe progress record .*bad.done, line 2: expected a configuration label"):
-        _done(bad)
+        read_done(bad)
     with pytest.raises(InputError, match="gzip-compressed"):
-        _done(write(tmp_path / "gz.done", compressed("n_sm=1 0\n", "gzip")))
+        read_done(write(tmp_path / "gz.done", compressed("n_sm=1 0\n", "gzip")))
 
 
 def test_analysis_reports_progress_unless_quiet(tmp_path, capsys):

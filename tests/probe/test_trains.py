@@ -101,3 +101,59 @@ def test_timers_become_trace_rows_on_one_time_line():
     (la,) = trace.launches
     progs, starts = la.programs()
     assert progs == [[(4096.0, 90.0), (8192.0, 0.0)], [(4096.0, 0.0)]] and starts == [0.0, 130.0]
+
+
+def test_trains_are_recorded_resumably_and_launch_ids_continue(tmp_path, monkeypatch, device):
+    from xstage.probe import session
+
+    small = [Train("mixed", 1, "hbm", (((4096, 0), (8192, 2)), ((4096, 1),))),
+             Train("ramp_down", 2, "hbm", (((8192, 0), (4096, 0)),))]
+    monkeypatch.setattr(session, "plan_trains", lambda path, sm: small)
+    env = {"git_commit": "abc1234"}
+    with create_context(path="hbm", loopback_world=2) as ctx:
+        first = session.measure_trains(ctx, tmp_path, "hbm", 4, env, repeats=2, progress=False)
+        again = session.measure_trains(ctx, tmp_path, "hbm", 4, env, repeats=2, progress=False)
+    assert first == {"trains_run": 2, "trains_skipped": 0} and again == {"trains_run": 0, "trains_skipped": 2}
+    from xstage.results.io import read_rows
+
+    rows = read_rows(tmp_path / "traces" / "irregular.csv")
+    assert len(rows) == 2 * 3 + 2 * 2  # two launches of each train
+    assert sorted({int(r["launch"]) for r in rows}) == [0, 1, 2, 3]
+    assert {r["family"] for r in rows} == {"mixed", "ramp_down"} and {r["git_commit"] for r in rows} == {"abc1234"}
+    done = (tmp_path / "traces" / "irregular.done").read_text().splitlines()
+    assert done == [f"{small[0].label()} 0,1", f"{small[1].label()} 2,3"]
+
+
+def test_analyse_only_scores_a_folders_traces_per_split(tmp_path, capsys):
+    # A folder holding only traces (made by the reference engine, so the model's error is ~0 on both
+    # sides): the analysis scores them per split and family and writes traces/score.json.
+    from xstage.cli import main
+    from xstage.model.profile import load_default_profile
+    from xstage.model.simulate import simulate_bursts
+
+    params = load_default_profile("host").params
+    sides = split()["families"]
+    held, train = next(f for f, s in sides.items() if s == "heldout"), next(f for f, s in sides.items() if s == "train")
+    rows = []
+    for launch, fam in enumerate((held, train, held)):
+        progs = [[(4096.0 * (1 + c + k), 100.0 * k) for k in range(3)] for c in range(3)]
+        res = simulate_bursts(params, progs, engine="reference")
+        rows += [dict(launch=launch, cta=c, burst_index=k, burst_bytes=int(b), start_ns=res.start_ns[c][k],
+                      issue_ns=res.issue_ns[c][k], family=fam, path="host")
+                 for c, prog in enumerate(progs) for k, (b, _) in enumerate(prog)]
+    (tmp_path / "traces").mkdir()
+    import csv
+
+    with open(tmp_path / "traces" / "irregular.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert main(["probe", "--path", "host", "--analyse-only", "-o", str(tmp_path), "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)["irregular"]["scores"]
+    assert out["heldout"]["bursts"]["n"] == 18 and out["train"]["bursts"]["n"] == 9
+    assert out["heldout"]["end"]["n"] == 2 and out["heldout"]["bursts"]["max"] < 1e-6
+    assert set(out["heldout"]["families"]) == {held}
+    assert json.loads((tmp_path / "traces" / "score.json").read_text()) == out
+    assert not (tmp_path / "summary.md").exists()  # no regular sweep here: no regular analysis

@@ -13,6 +13,7 @@ unless `--force` (`xstage.results.output.Outputs`).
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -25,10 +26,12 @@ from xstage.cli.args import add_force_option, cli_int, only_spec, path_arg
 from xstage.env import has_gpu
 from xstage.errors import InputError
 from xstage.model import load_default_profile
+from xstage.model.trace import read_trace
 from xstage.probe.report import analyse, load_probe_dir
 from xstage.probe.session import measure
-from xstage.probe.sweeps import PATH_SWEEPS, parse_sweeps, plan
-from xstage.results.output import Outputs, emit
+from xstage.probe.sweeps import IRREGULAR, PATH_SWEEPS, parse_sweeps, plan
+from xstage.probe.trains import TRACE_FILE, plan_trains, score_trains
+from xstage.results.output import Outputs, emit, write_text
 from xstage.results.progress import say
 from xstage.results.select import select
 
@@ -37,6 +40,7 @@ from xstage.results.select import select
 OUTPUT_FILES = ("summary.csv", "experiments.json", "summary.md", "plots/*.png")
 FIT_FILES = ("fit.json", "profile.json")
 RUN_FILE = "run.json"
+SCORE_FILE = "traces/score.json"
 
 MAX_REPEATS = 10_000  # recorded launches per configuration: the sweeps' defaults are a few
 
@@ -70,9 +74,11 @@ def run_probe(args) -> int:
         planned = [{"sweep": s, **c.fields()} for s, c in plan(sweeps, args.path, _sm_count(args))]
         chosen = select(planned, args.only)
         counts = Counter(d["sweep"] for d in chosen)
+        trains = plan_trains(args.path, _sm_count(args)) if IRREGULAR in sweeps else []
+        counts[IRREGULAR] = len(trains)
         text = "\n".join([f"{len(chosen)} configurations on path {args.path}:"]
-                         + [f"  {s:<11} {counts[s]}" for s in sweeps])
-        emit({"path": args.path, "configs": chosen}, args.json, text)
+                         + [f"  {s:<11} {counts[s]}" + (" trains" if s == IRREGULAR else "") for s in sweeps])
+        emit({"path": args.path, "configs": chosen, "trains": [t.label() for t in trains]}, args.json, text)
         return 0
     if not args.out:
         raise InputError("-o/--out: required to measure or analyse")
@@ -94,7 +100,9 @@ def run_probe(args) -> int:
         return 0
     quiet = args.quiet or args.json
     # --analyse-only: a malformed folder is refused before any output is touched (not even the manifest)
-    inputs = None if measuring else load_probe_dir(out, quiet=quiet)
+    regular = measuring and any(s != IRREGULAR for s in sweeps) or _has_regular(out)
+    inputs = load_probe_dir(out, quiet=quiet) if not measuring and regular else None
+    traces = read_trace(out / TRACE_FILE) if not measuring and (out / TRACE_FILE).is_file() else None
     with outs:
         if measuring:
             info = measure(out, args.path, sweeps, only=args.only, repeats=args.repeats, progress=not args.quiet)
@@ -102,9 +110,34 @@ def run_probe(args) -> int:
                 group.barrier()
             if info.get("configs_run", 0) == 0 and info.get("configs_skipped", 0):
                 say(f"all {info['configs_skipped']} configurations already measured in {out}", quiet=args.json)
-        result = analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap, quiet=quiet, inputs=inputs)
+        result = (analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap, quiet=quiet, inputs=inputs)
+                  if regular else {"text": f"probe {args.path}: no regular sweeps in {out}"})
+        if traces is not None or (measuring and IRREGULAR in sweeps):
+            result["irregular"] = _score_traces(out, args.path)
+            result["text"] += "\n" + result["irregular"].pop("text")
     emit(result, args.json, result["text"])
     return 0
+
+
+def _has_regular(out: Path) -> bool:
+    return any((out / "raw").glob("*.csv")) or (out / "summary.csv").is_file()
+
+
+def _score_traces(out: Path, path: str) -> dict:
+    """The irregular trains scored on the path's embedded profile (the baseline any refit must beat),
+    per split and family, written to `traces/score.json`."""
+    scores = score_trains(out, load_default_profile(path).params)
+    lines = [f"irregular trains ({TRACE_FILE}), scored on the embedded {path} profile; error = |predicted - measured| "
+             "/ max(measured, 500 ns), medians:"]
+    for side, s in scores.items():
+        lines.append(f"  {side}: per burst {100 * s['bursts']['median']:.1f}% (bytes / r0: "
+                     f"{100 * s['bursts_bytes_over_r0']['median']:.1f}%), launch end {100 * s['end']['median']:.1f}%, "
+                     f"{s['bursts']['n']} bursts")
+        for f, fs in s["families"].items():
+            lines.append(f"    {f:<11} per burst {100 * fs['bursts']['median']:.1f}%, "
+                         f"end {100 * fs['end']['median']:.1f}%")
+    write_text(out / SCORE_FILE, json.dumps(scores, indent=1))
+    return {"scores": scores, "text": "\n".join(lines)}
 
 
 def _outputs(args, sweeps: list[str], measuring: bool) -> tuple[Outputs, Path]:
@@ -112,13 +145,18 @@ def _outputs(args, sweeps: list[str], measuring: bool) -> tuple[Outputs, Path]:
     outs = Outputs("xstage probe", force=args.force)
     out = outs.folder(args.out, "-o")
     has_raw = any((out / "raw").glob("*.csv"))
-    if not measuring and not has_raw and not (out / "summary.csv").is_file():
-        raise InputError(f"-o {out}: holds neither raw/*.csv nor summary.csv; measure into it first")
+    if not measuring and not _has_regular(out) and not (out / TRACE_FILE).is_file():
+        raise InputError(f"-o {out}: holds neither raw/*.csv, summary.csv nor {TRACE_FILE}; measure into it first")
     # Without raw/*.csv (committed data) the analysis reads summary.csv instead of writing it.
-    files = [f for f in OUTPUT_FILES if f != "summary.csv" or measuring or has_raw]
-    files += [] if args.no_fit else list(FIT_FILES)
+    regular = measuring and any(s != IRREGULAR for s in sweeps) or _has_regular(out)
+    files = [f for f in OUTPUT_FILES if regular and (f != "summary.csv" or measuring or has_raw)]
+    files += [] if args.no_fit or not regular else list(FIT_FILES)
     files += [RUN_FILE] if measuring else []
-    appended = [f"raw/{s}.{ext}" for s in sweeps for ext in ("csv", "done")] if measuring else []
+    appended = [f"raw/{s}.{ext}" for s in sweeps if s != IRREGULAR for ext in ("csv", "done")] if measuring else []
+    if IRREGULAR in sweeps and measuring:
+        appended += [TRACE_FILE, TRACE_FILE.replace(".csv", ".done")]
+    if IRREGULAR in sweeps and measuring or (out / TRACE_FILE).is_file():
+        files.append(SCORE_FILE)
     return outs, outs.folder(out, "-o", files=files, append=appended)
 
 
@@ -128,7 +166,8 @@ def register(sub) -> None:
                    help="where the stores go: hbm (device memory), host (pinned host memory over PCIe), peer "
                    "(other GPUs over NVLink, under torchrun) (default %(default)s)")
     p.add_argument("--sweep", default="all", help="'all' or a comma list of: first, periodic, twoburst, "
-                   "completion, knobs, peers (default %(default)s)")
+                   "completion, knobs, peers, irregular (a train per CTA, hbm and host only, not in 'all': recorded "
+                   "in traces/irregular.csv and scored on the embedded profile) (default %(default)s)")
     p.add_argument("-o", "--out", type=path_arg,
                    help="output folder (raw CSVs, summary.csv, plots, summary.md); resumable: a "
                    "rerun appends to raw/ and writes the rest again, replacing only files xstage probe wrote")

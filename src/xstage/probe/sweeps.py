@@ -9,6 +9,10 @@ independently in each).
 | completion | remote-visible completion vs bytes (drain rate and latency)   | 1      | fence      |
 | knobs      | warps, store width and CTAs per SM at fixed bytes             | 1      | none       |
 | peers      | one peer vs all peers (path `peer` only)                      | 1, 16  | none       |
+| irregular  | a train per CTA (`xstage.probe.trains`), recorded as a trace   | 1-24   | none       |
+
+`irregular` (paths `hbm` and `host`) is not part of `all`: it writes `traces/irregular.csv`, which the
+regular analysis does not read, and is scored instead (`xstage model score`).
 
 `plan(names, path, sm_count)` lists `(sweep, BurstConfig)` pairs; `--only` filters them on any
 `BurstConfig` field. SM counts are clipped to the GPU's (`sm_count`), so the same sweep runs on any
@@ -20,6 +24,7 @@ from __future__ import annotations
 from xstage.bounds import MAX_SMS, check_int
 from xstage.errors import InputError
 from xstage.probe.runner import BurstConfig
+from xstage.probe.trains import TRAIN_PATHS
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -29,6 +34,7 @@ PATH_SWEEPS = {
     "host": ("first", "periodic", "twoburst", "completion", "knobs"),
     "peer": ("first", "periodic", "twoburst", "completion", "peers"),
 }
+IRREGULAR = "irregular"
 REPEATS = {"first": 3, "periodic": 2, "twoburst": 3, "completion": 3, "knobs": 3, "peers": 3}
 
 
@@ -87,12 +93,13 @@ def parse_sweeps(spec: str, path: str) -> list[str]:
     if not isinstance(path, str) or path not in PATH_SWEEPS:
         raise InputError(f"--path {path!r}: must be one of {sorted(PATH_SWEEPS)}")
     names = list(PATH_SWEEPS[path]) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
-    bad = [s for s in names if s not in SWEEPS]
+    bad = [s for s in names if s not in (*SWEEPS, IRREGULAR)]
     if bad or not names:
-        raise InputError(f"--sweep {spec!r}: must be 'all' or names from {list(SWEEPS)}")
-    wrong = [s for s in names if s not in PATH_SWEEPS[path]]
+        raise InputError(f"--sweep {spec!r}: must be 'all' or names from {[*SWEEPS, IRREGULAR]}")
+    has = [*PATH_SWEEPS[path], *([IRREGULAR] if path in TRAIN_PATHS else [])]
+    wrong = [s for s in names if s not in has]
     if wrong:
-        raise InputError(f"--sweep {wrong}: not available on path {path} (has {list(PATH_SWEEPS[path])})")
+        raise InputError(f"--sweep {wrong}: not available on path {path} (has {has})")
     return names
 
 
@@ -101,6 +108,8 @@ def plan(names, path: str, sm_count: int) -> list[tuple[str, BurstConfig]]:
     sm_count = check_int(sm_count, "sm_count", 1, MAX_SMS, "SMs of the GPU to plan for")
     out = []
     for name in names:
+        if name == IRREGULAR:  # trains, not configurations: `xstage.probe.trains.plan_trains`
+            continue
         if name not in _PLANNERS:
             raise InputError(f"sweep {name!r}: must be one of {list(SWEEPS)}")
         mode = "one" if path == "peer" else "none"

@@ -257,3 +257,23 @@ def trace_rows(train: Train, raw: LaunchResult, launch_index: int) -> list[dict]
                          "vector_bytes": train.vector_bytes, "gap_iters": g, "seed": train.seed,
                          "n_cta": train.n_ctas})
     return rows
+
+
+TRACE_FILE = "traces/irregular.csv"  # under a probe folder: one row per burst per CTA (`TRACE_ROW_COLUMNS`)
+
+
+def score_trains(out_dir, params) -> dict:
+    """`xstage model score` of `out_dir/traces/irregular.csv` on `params`, per split (the committed
+    one) and per family: {"heldout": summary, "train": summary} (`xstage.model.trace.Score.summary`)."""
+    from pathlib import Path
+
+    from xstage.model.trace import Trace, read_trace, score_trace
+
+    trace = read_trace(Path(out_dir) / TRACE_FILE)
+    sides = split()["families"]
+    out = {}
+    for side in ("heldout", "train"):
+        part = Trace([la for la in trace.launches if sides.get(la.family) == side], trace.path, trace.source)
+        if part.launches:
+            out[side] = score_trace(part, params).summary()
+    return out
