@@ -141,7 +141,7 @@ GOOD = [_row(0, 0, 0, 4096, 0, 900), _row(0, 0, 1, 4096, 2000, 900), _row(0, 1, 
 
 @pytest.mark.parametrize("change, message", [
     (lambda rs: [{k: v for k, v in r.items() if k != "start_ns"} for r in rs],
-     r"no column\(s\) start_ns|looks like"),
+     r"columns \(launch, cta, burst_index, burst_bytes, issue_ns\) match none of the kinds read here: burst trace"),
     (lambda rs: [dict(rs[0], issue_ns="nan"), *rs[1:]], r"line 2, column issue_ns: nan: must be a finite"),
     (lambda rs: [rs[0], dict(rs[1], burst_bytes=-4096), rs[2]],
      r"line 3, column burst_bytes: -4096: must be a positive"),
@@ -167,11 +167,36 @@ def test_malformed_traces_are_refused_in_one_line_naming_the_row(tmp_path, capsy
     assert len(err.splitlines()) == 1 and not out.exists()
 
 
-def test_a_trace_is_told_from_probe_files_and_the_columns_it_needs_are_named(tmp_path):
-    probe_long = tmp_path / "long.csv"
-    _write(probe_long, [dict(path="host", peer_mode="none", launch=0, cta=0, burst_index=0, issue_ns=900)])
-    with pytest.raises(InputError, match="looks like a probe measurements CSV"):
-        read_trace(probe_long)
+def test_a_probe_long_file_is_a_trace_whose_ctas_start_together(tmp_path):
+    # What `xstage probe` writes (raw/<sweep>.csv): the CTAs' bursts placed by their measured gaps.
+    from xstage.model.data import LONG_COLUMNS
+
+    rows = []
+    for launch, (n_sm, nbytes, gap) in enumerate(((3, 65536, 2000.0), (5, 262144, 0.0))):
+        progs = [[(float(nbytes), gap)] * 4 for _ in range(n_sm)]
+        res = simulate_bursts(HOST, progs, engine="reference")
+        for c in range(n_sm):
+            for k in range(4):
+                rows.append(dict(path="host", peer_mode="none", n_sm=n_sm, ctas_per_sm=1, warps=8, vector_bytes=16,
+                                 burst_bytes=nbytes, gap_iters=int(gap), gap_ns=gap if k else "", launch=launch,
+                                 cta=c, burst_index=k, issue_ns=res.issue_ns[c][k], completion_ns="", gpu="g",
+                                 driver="d", torch="t", triton="x", git_commit="abc", date="2026-12-07"))
+    trace = read_trace(_write(tmp_path / "first.csv", rows, LONG_COLUMNS))
+    assert trace.path == "host" and [la.family for la in trace.launches] == ["3sm-65536B-g2000", "5sm-262144B-g0"]
+    s = score_trace(trace, HOST)
+    assert s.bursts["error"].max() < 1e-6 and s.launches["error"].max() < 1e-6
+    broken = [dict(r, gap_ns="") if r["burst_index"] == 2 and r["cta"] == 1 else r for r in rows]
+    with pytest.raises(InputError, match=r"line 8: burst 2 of launch 0, CTA 1 needs the burst before it and its "
+                                         r"measured gap_ns"):
+        read_trace(_write(tmp_path / "broken.csv", broken, LONG_COLUMNS))
+
+
+def test_a_trace_is_told_from_other_files_and_the_columns_it_needs_are_named(tmp_path):
+    ref = tmp_path / "ref.csv"
+    _write(ref, [dict(dst="host", nblocks=1, burst_bytes=4096, gap_iters=0, issue_first=1, issue_2=1, issue_steady=1,
+                      issue_max=1, gap_cycles=0, kernel_ms=1, agg_GBps=1)])
+    with pytest.raises(InputError, match="looks like a reference probe CSV"):
+        read_trace(ref)
     assert TRACE_COLUMNS == ["launch", "cta", "burst_index", "burst_bytes", "start_ns", "issue_ns"]
     with pytest.raises(InputError, match="engine 'exact': must be one of fast, reference"):
         score_trace(trace_from_rows(GOOD), PathParams(r0=50e9, c_sm=1e5, drain=50e9, capacity=4e6), engine="exact")

@@ -21,6 +21,10 @@ probe's long format (`xstage.model.data`) where the two share them:
     path           hbm | host | peer; when given, the profile's path
     completion_ns, warps, vector_bytes   read and checked; not scored or modelled yet
 
+A probe's long-format file (`xstage.model.data`, what `xstage probe` writes in `raw/`) is read as a
+trace too (`trace_from_long`): its CTAs start together, and each burst starts its measured `gap_ns`
+after the one before ended; so the fit and the scorer read the same measurements.
+
 What the model is given: per CTA its first burst's start and, per burst, its bytes and the compute
 gap after it (the next burst's start minus this burst's measured end): what the kernel did, not
 what the path made of it. What it predicts: each burst's issue time, and the launch's end (the last
@@ -49,11 +53,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from xstage.errors import InputError
-from xstage.model.data import PATHS
+from xstage.model.data import LONG_COLUMNS, PATHS, validate_long
 from xstage.model.fastsim import MAX_SLOTS
 from xstage.model.params import NS, PathParams
 from xstage.model.simulate import ENGINES, simulate_bursts
@@ -183,9 +188,35 @@ def _launch(launch: int, family: str, ctas: dict, source: str, lines, where: dic
     return Launch(launch, family, nbytes, starts, issues)
 
 
+def trace_from_long(rows: list[dict], source: str = "long data", lines=None) -> Trace:
+    """The trace of probe long-format rows (`xstage.model.data`, checked by `validate_long`): the
+    probe's CTAs start burst 0 together, and burst k starts `gap_ns` (measured) after burst k - 1's
+    issue ended. The family of a launch is its configuration (`<n_sm>sm-<burst_bytes>B-g<gap_iters>`)."""
+    typed = validate_long(rows, source, lines)
+    ends: dict[tuple[int, int], float] = {}
+    out = []
+    for n, r in sorted(enumerate(typed), key=lambda nr: (nr[1]["launch"], nr[1]["cta"], nr[1]["burst_index"])):
+        key = (r["launch"], r["cta"])
+        if r["burst_index"] == 0:
+            start = 0.0
+        elif key in ends and math.isfinite(r["gap_ns"]):
+            start = ends[key] + r["gap_ns"]
+        else:
+            raise InputError(f"{_at(source, lines, n)}: burst {r['burst_index']} of launch {r['launch']}, CTA "
+                             f"{r['cta']} needs the burst before it and its measured gap_ns to be placed in time")
+        ends[key] = start + r["issue_ns"]
+        out.append({"launch": r["launch"], "cta": r["cta"], "burst_index": r["burst_index"],
+                    "burst_bytes": r["burst_bytes"], "start_ns": start, "issue_ns": r["issue_ns"],
+                    "path": r["path"], "family": f"{r['n_sm']}sm-{r['burst_bytes']}B-g{r['gap_iters']}"})
+    return trace_from_rows(out, source)
+
+
 def read_trace(path) -> Trace:
-    """Read and check a trace CSV (the file's checks: `xstage.results.io.read_table`)."""
-    table = read_table(path, {"trace": TRACE_COLUMNS}, what="trace")
+    """Read and check a trace CSV, or a probe's long-format CSV (`trace_from_long`); the file's checks:
+    `xstage.results.io.read_table`."""
+    table = read_table(path, {"trace": TRACE_COLUMNS, "probe-long": LONG_COLUMNS}, what="trace")
+    if table.kind == "probe-long":
+        return trace_from_long(table.rows, f"trace {table.path}", table.lines)
     return trace_from_rows(table.rows, f"trace {table.path}", table.lines)
 
 
