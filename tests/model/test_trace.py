@@ -111,6 +111,14 @@ def test_errors_by_family_are_the_pooled_statistics_of_each_familys_rows(tmp_pat
         assert summ["families"][fam]["end"]["n"] == 2
     assert summ["families"]["f0"]["bursts"]["max"] < 1e-6 < summ["families"]["f1"]["bursts"]["median"]
     assert summ["bursts"]["n"] == len(rows)
+    by = s.by("burst_index")
+    for k, g in by.items():
+        mask = s.bursts["burst_index"] == k
+        assert g["bursts"]["n"] == mask.sum() and g["bursts"]["median"] == pytest.approx(
+            float(np.median(s.bursts["error"][mask])), rel=1e-9)
+    assert sum(g["bursts"]["n"] for g in s.by("burst_bytes").values()) == len(rows)
+    with pytest.raises(InputError, match="by 'family': must be one of burst_index"):
+        s.by("family")
 
 
 def test_score_command_prints_writes_and_never_replaces_the_trace(tmp_path, capsys):
@@ -124,9 +132,10 @@ def test_score_command_prints_writes_and_never_replaces_the_trace(tmp_path, caps
     with open(out) as f:
         written = list(csv.DictReader(f))
     assert len(written) == len(rows) and float(written[0]["predicted_ns"]) == pytest.approx(rows[0]["issue_ns"])
-    assert main(["model", "score", str(trace)]) == 0
+    assert main(["model", "score", str(trace), "--by", "burst_index"]) == 0
     text = capsys.readouterr().out
     assert "issue time per burst, model" in text and "bytes / r0" in text and "family f1:" in text
+    assert "per-burst issue time by burst_index" in text and "burst_index 0 " in text
     before = trace.read_bytes()
     assert main(["model", "score", str(trace), "-o", str(trace)]) == 2
     assert trace.read_bytes() == before

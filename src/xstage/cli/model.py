@@ -41,7 +41,7 @@ from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.predict import simulate_launch, weighted_median
 from xstage.model.profile import PATHS, Profile, load_default_profile
 from xstage.model.simulate import ENGINES
-from xstage.model.trace import read_trace, score_trace
+from xstage.model.trace import BY, read_trace, score_trace
 from xstage.results.io import write_csv_atomic
 from xstage.results.output import Outputs, emit
 from xstage.results.progress import Progress, say
@@ -320,8 +320,17 @@ def run_score(args) -> int:
                 for i in range(len(b["error"]))]
         with outs:
             write_csv_atomic(out, rows, SCORE_COLUMNS)
-    lines = _score_text(summary, trace, prof, args.profile) + ([f"wrote {out}"] if out is not None else [])
+    lines = _score_text(summary, trace, prof, args.profile)
+    grouped = score.by(args.by) if args.by else None
+    if grouped is not None:
+        lines.append(f"per-burst issue time by {args.by} (model; bytes / r0):")
+        lines += [f"  {args.by} {k:<10} median {100 * g['bursts']['median']:6.1f}%; "
+                  f"{100 * g['bursts_bytes_over_r0']['median']:6.1f}%  (n={g['bursts']['n']})"
+                  for k, g in grouped.items()]
+    lines += [f"wrote {out}"] if out is not None else []
     emit({"trace": str(args.trace), "profile": prof.path, "engine": args.engine, **summary,
+          **({"by": {"column": args.by, "groups": [{"value": k, **g} for k, g in grouped.items()]}}
+             if grouped is not None else {}),
           **({"output": str(out)} if out is not None else {})}, args.json, "\n".join(lines))
     return 0
 
@@ -342,6 +351,9 @@ def register_score(sub) -> None:
     s.add_argument("--engine", default="fast", choices=list(ENGINES),
                    help="simulator engine: fast (compiled) or reference (the plain one the tests hold it to) "
                         "(default fast)")
+    s.add_argument("--by", choices=list(BY),
+                   help="also group the per-burst errors by this column: where in its train a burst is "
+                        "(burst_index), its size (burst_bytes), its CTA or its launch (default: by family only)")
     s.add_argument("-o", "--output", type=path_arg, metavar="CSV",
                    help="also write every burst's measured and predicted issue time and errors to this CSV, in an "
                         "existing folder; an existing file is replaced only if this command wrote it, or with "

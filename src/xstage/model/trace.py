@@ -67,6 +67,7 @@ from xstage.results.io import cell_count, cell_text, cell_time, read_table
 TRACE_COLUMNS = ["launch", "cta", "burst_index", "burst_bytes", "start_ns", "issue_ns"]
 TRACE_OPTIONAL = ["family", "path", "completion_ns", "warps", "vector_bytes"]
 FLOOR_NS = 500.0  # the error's denominator is at least this: the timer's resolution, not the burst
+BY = ("burst_index", "burst_bytes", "cta", "launch")  # what `Score.by` groups the bursts by
 OVERLAP_NS = 1.0  # a burst may start this much before its CTA's previous one ends (rounding; gap 0)
 
 
@@ -248,6 +249,16 @@ class Score:
         out["families"] = {f: block(b["family"] == f, la["family"] == f) for f in names}
         return out
 
+    def by(self, column: str) -> dict:
+        """The bursts' error statistics (model and `bytes / r0`) grouped by a burst column (`BY`: where
+        in its train a burst is, its size, its CTA, its launch), keyed by the column's values in order."""
+        if column not in BY:
+            raise InputError(f"by {column!r}: must be one of {', '.join(BY)}")
+        b = self.bursts
+        return {v.item(): {"bursts": _stats(b["error"][b[column] == v]),
+                           "bursts_bytes_over_r0": _stats(b["naive_error"][b[column] == v])}
+                for v in np.unique(b[column])}
+
 
 def score_trace(trace: Trace, params: PathParams, engine: str = "fast") -> Score:
     """Play every launch of `trace` through the Burst-Gap simulator on `params` (`engine`: see
@@ -266,7 +277,7 @@ def score_trace(trace: Trace, params: PathParams, engine: str = "fast") -> Score
             cols["cta"] += [cta] * n
             cols["burst_index"] += list(range(n))
             cols["family"] += [la.family] * n
-            cols["burst_bytes"] += b.tolist()
+            cols["burst_bytes"] += [int(x) for x in b]
             cols["start_ns"] += s.tolist()
             cols["measured_ns"] += i.tolist()
             cols["predicted_ns"] += res.issue_ns[cta].tolist()
