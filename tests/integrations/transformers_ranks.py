@@ -226,6 +226,7 @@ def run(tmp_path, world, case, timeout_s=300):
     import multiprocessing as mp
 
     os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    tmp_path.mkdir(parents=True, exist_ok=True)  # a case's own folder (tmp_path / dtype)
     spawn = mp.get_context("spawn")
     result = str(tmp_path / "result")
     procs = [spawn.Process(target=worker, args=(r, world, str(tmp_path / "store"), result, case))

@@ -277,3 +277,32 @@ def test_parsers_refuse_what_is_not_their_text(call, match):
     """Found by tests/test_fuzz_api.py: these raised AttributeError or TypeError."""
     with pytest.raises(InputError, match=match):
         call()
+
+
+def test_default_blocks_keep_the_stages_that_fit_the_dtype_and_a_named_config_is_checked():
+    # Found on an H100: float32 experts under expert_parallel were refused (4 stages of 98304 bytes of
+    # float32 operand tiles exceed the 232448 bytes of shared memory). Unnamed blocks now keep 2 stages.
+    from xstage.moe.buffer import SHARED_BYTES, LoopbackGroup, MoEBuffer, default_block_config, stage_bytes
+
+    assert stage_bytes(BlockConfig(), 4) == 98304 and SHARED_BYTES == 232448
+    for dtype, stages in ((torch.float32, 2), (torch.bfloat16, 4), (torch.float16, 4)):
+        cfg = default_block_config(dtype)
+        assert cfg.num_stages == stages and cfg.num_stages * stage_bytes(cfg, dtype.itemsize) <= SHARED_BYTES
+        assert (cfg.block_m, cfg.block_n1, cfg.block_k) == (BlockConfig().block_m, BlockConfig().block_n1,
+                                                            BlockConfig().block_k)
+    buf = MoEBuffer(16, 8, 2, 256, 256, LoopbackGroup(1), device="cpu", dtype=torch.float32)
+    assert buf.cfg == default_block_config(torch.float32)
+    with pytest.raises(InputError, match=r"^num_stages=4: 4 x 98304 bytes of operand tiles exceed"):
+        MoEBuffer(16, 8, 2, 256, 256, LoopbackGroup(1), device="cpu", dtype=torch.float32, config=BlockConfig())
+
+
+def test_the_transformers_backend_defaults_to_the_stages_of_the_modules_dtype():
+    transformers = pytest.importorskip("transformers")
+    from xstage.integrations.transformers import weights
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=64, hidden_size=64, intermediate_size=64, moe_intermediate_size=32,
+                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                      num_experts=4, num_experts_per_tok=2)
+    experts = transformers.Qwen3MoeForCausalLM(cfg).model.layers[0].mlp.experts
+    assert weights.default_config(experts).num_stages == 2  # float32 parameters
+    assert weights.default_config(experts.to(torch.bfloat16)).num_stages == 4

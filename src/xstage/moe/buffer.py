@@ -69,6 +69,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -131,6 +132,22 @@ class LoopbackGroup:
                                   for q in self.silent_ranks)
 
 
+def stage_bytes(cfg: BlockConfig, elem: int) -> int:
+    """Shared memory of one pipeline stage of the main kernel: the operand tiles of one K step."""
+    return (cfg.block_m + max(2 * cfg.block_n1, cfg.block_n2)) * cfg.block_k * elem
+
+
+def default_block_config(dtype: torch.dtype, fp8: bool = False) -> BlockConfig:
+    """The tiles of a buffer that names none: FP8's for an FP8 buffer, else `BlockConfig()` with as many
+    of its stages as fit shared memory at `dtype`'s element size. Its blocks are sized for 2-byte
+    operands; float32 keeps them with 2 of the 4 stages (on Hopper) instead of refusing."""
+    if fp8:
+        return FP8_BLOCK_CONFIG
+    c = BlockConfig()
+    fit = SHARED_BYTES // stage_bytes(c, torch.tensor([], dtype=dtype).element_size())
+    return c if fit >= c.num_stages else dataclasses.replace(c, num_stages=max(1, fit))
+
+
 class MoEBuffer:
     """Buffers and signals of one rank of an expert-parallel MoE layer (see module docstring)."""
 
@@ -155,7 +172,7 @@ class MoEBuffer:
         self.fp8 = self.dtype in FP8_DTYPES.values()
         if config is not None and not isinstance(config, BlockConfig):
             raise InputError(f"config={config!r}: must be a BlockConfig or None")
-        self.cfg = config or (FP8_BLOCK_CONFIG if self.fp8 else BlockConfig())
+        self.cfg = config or default_block_config(self.dtype, self.fp8)
         self.out_dtype = torch.bfloat16 if self.fp8 else self.dtype  # combine rows and the output
         # The same default as `create_context`: the current CUDA device, else the CPU (interpreter).
         self.device = resolve_device(device)
@@ -180,7 +197,7 @@ class MoEBuffer:
         if self.fp8:
             self._check_fp8_blocks()
         elem = torch.tensor([], dtype=self.dtype).element_size()
-        stage = (c.block_m + max(2 * c.block_n1, c.block_n2)) * c.block_k * elem  # operand tiles per K step
+        stage = stage_bytes(c, elem)
         if c.num_stages * stage > SHARED_BYTES:
             raise InputError(f"num_stages={c.num_stages}: {c.num_stages} x {stage} bytes of operand tiles exceed "
                              f"the {SHARED_BYTES} bytes of shared memory per CTA (fewer stages or smaller blocks)")

@@ -245,7 +245,9 @@ def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
         e, want, group = shard.experts, st.settings.max_tokens, shard.group
     else:
         want, group = min(st.settings.max_tokens, max(_MIN_TOKENS, 1 << max(0, tokens - 1).bit_length())), None
-    key = (e, topk, hp, ip, dtype, device, st.cfg, id(group), want if shard else None)
+    # The stages that fit the module's dtype now (a `.to(float32)` after the first call changes them)
+    cfg = st.settings.config or kw.default_config(module)
+    key = (e, topk, hp, ip, dtype, device, cfg, id(group), want if shard else None)
     for buf in (st.buf, _BUFFERS.get(key)):
         if buf is not None and (buf.E, buf.K, buf.H, buf.I, buf.dtype, buf.device, buf.cfg) == key[:7] \
                 and (buf.T_max == want if shard else buf.loopback and buf.T_max >= want) \
@@ -255,7 +257,7 @@ def _buffer(st: _State, module, tokens: int, topk: int) -> MoEBuffer:
     st.buf = None  # a smaller buffer of this module goes before the larger one is made
     try:
         buf = MoEBuffer(want, e, topk, hp, ip, group if shard else LoopbackGroup(1), device=device, dtype=dtype,
-                        config=st.cfg)
+                        config=cfg)
     except InputError as exc:
         raise _refuse(st.name, str(exc)) from None
     _BUFFERS[key] = st.buf = buf

@@ -35,9 +35,9 @@ from xstage.backend import refuse_interpreter_bf16
 from xstage.dtypes import DTYPES
 from xstage.errors import InputError
 from xstage.moe import BlockConfig
+from xstage.moe.buffer import default_block_config
 from xstage.moe.fp8 import BLOCK as FP8_BLOCK
 from xstage.spec.activation import SILU, ClampedSwiGLU
-from xstage.spec.moe import FP8_BLOCK_CONFIG
 
 BIASES = ("gate_up_proj_bias", "down_proj_bias")
 SCALES = ("gate_up_proj_scale_inv", "down_proj_scale_inv")
@@ -77,8 +77,9 @@ def sizes(module) -> tuple[int, int, int]:
 
 
 def default_config(module) -> BlockConfig:
-    """The kernel's tiles when the caller names none: the FP8 buffer's for FP8 experts."""
-    return FP8_BLOCK_CONFIG if is_fp8(module) else BlockConfig()
+    """The kernel's tiles when the caller names none (`xstage.moe.buffer.default_block_config`): the FP8
+    buffer's for FP8 experts, else the default blocks with the stages that fit the module's dtype."""
+    return default_block_config(module.gate_up_proj.dtype, is_fp8(module))
 
 
 def _round_up(v: int, *blocks: int) -> int:
