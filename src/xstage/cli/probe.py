@@ -100,7 +100,7 @@ def run_probe(args) -> int:
         return 0
     quiet = args.quiet or args.json
     # --analyse-only: a malformed folder is refused before any output is touched (not even the manifest)
-    regular = measuring and any(s != IRREGULAR for s in sweeps) or _has_regular(out)
+    regular = _regular(sweeps, measuring, out)
     inputs = load_probe_dir(out, quiet=quiet) if not measuring and regular else None
     traces = read_trace(out / TRACE_FILE) if not measuring and (out / TRACE_FILE).is_file() else None
     with outs:
@@ -121,6 +121,11 @@ def run_probe(args) -> int:
 
 def _has_regular(out: Path) -> bool:
     return any((out / "raw").glob("*.csv")) or (out / "summary.csv").is_file()
+
+
+def _regular(sweeps: list[str], measuring: bool, out: Path) -> bool:
+    """Whether this run has a regular analysis to make: regular sweeps measured now, or data of them in -o."""
+    return measuring and any(s != IRREGULAR for s in sweeps) or _has_regular(out)
 
 
 def _score_traces(out: Path, path: str) -> dict:
@@ -148,7 +153,7 @@ def _outputs(args, sweeps: list[str], measuring: bool) -> tuple[Outputs, Path]:
     if not measuring and not _has_regular(out) and not (out / TRACE_FILE).is_file():
         raise InputError(f"-o {out}: holds neither raw/*.csv, summary.csv nor {TRACE_FILE}; measure into it first")
     # Without raw/*.csv (committed data) the analysis reads summary.csv instead of writing it.
-    regular = measuring and any(s != IRREGULAR for s in sweeps) or _has_regular(out)
+    regular = _regular(sweeps, measuring, out)
     files = [f for f in OUTPUT_FILES if regular and (f != "summary.csv" or measuring or has_raw)]
     files += [] if args.no_fit or not regular else list(FIT_FILES)
     files += [RUN_FILE] if measuring else []
