@@ -335,6 +335,12 @@ def run_score(args) -> int:
     return 0
 
 
+def add_profile_option(p) -> None:
+    p.add_argument("--profile", type=path_arg, metavar="FILE",
+                   help="profile JSON written by `xstage fit` or `xstage probe` (default: the embedded H200 "
+                        "host-link profile)")
+
+
 def register_score(sub) -> None:
     s = sub.add_parser(
         "score", help="score a profile on a per-burst trace of any kernel's stores",
@@ -345,9 +351,7 @@ def register_score(sub) -> None:
                     "Error = |predicted - measured| / max(measured, 500 ns); the plain bytes / r0 guess is scored "
                     "beside the model.")
     s.add_argument("trace", type=path_arg, help="trace CSV")
-    s.add_argument("--profile", type=path_arg, metavar="FILE",
-                   help="profile JSON written by `xstage fit` or `xstage probe` (default: the embedded H200 "
-                        "host-link profile)")
+    add_profile_option(s)
     s.add_argument("--engine", default="fast", choices=list(ENGINES),
                    help="simulator engine: fast (compiled) or reference (the plain one the tests hold it to) "
                         "(default fast)")
@@ -459,9 +463,7 @@ def register(sub) -> None:
         description="Show a Burst-Gap profile (parameters, intervals, held-out error); with --burst, predict "
                     "issue time, stall, onset, recovery and steady state (simulated, and the equal-sharing "
                     "closed form as a labelled cross-check); with --plot, draw the data over the model.")
-    p.add_argument("--profile", type=path_arg, metavar="FILE",
-                   help="profile JSON written by `xstage fit` or `xstage probe` (default: the embedded H200 "
-                        "host-link profile)")
+    add_profile_option(p)
     p.add_argument("--burst", metavar="SIZE",
                    help="bytes each SM stores per burst: a whole number of bytes in 1 B..64 GiB, e.g. 65536, "
                         "64KiB, 4MiB, 10MB (default: none, no prediction)")
