@@ -112,8 +112,10 @@ def run_probe(args) -> int:
                 say(f"all {info['configs_skipped']} configurations already measured in {out}", quiet=args.json)
         result = (analyse(out, fit=not args.no_fit, bootstrap=args.bootstrap, quiet=quiet, inputs=inputs)
                   if regular else {"text": f"probe {args.path}: no regular sweeps in {out}"})
-        if traces is not None or (measuring and IRREGULAR in sweeps):
-            result["irregular"] = _score_traces(out, args.path)
+        if measuring and IRREGULAR in sweeps:
+            traces = read_trace(out / TRACE_FILE)
+        if traces is not None:
+            result["irregular"] = _score_traces(out, traces, args.path)
             result["text"] += "\n" + result["irregular"].pop("text")
     emit(result, args.json, result["text"])
     return 0
@@ -128,10 +130,10 @@ def _regular(sweeps: list[str], measuring: bool, out: Path) -> bool:
     return measuring and any(s != IRREGULAR for s in sweeps) or _has_regular(out)
 
 
-def _score_traces(out: Path, path: str) -> dict:
-    """The irregular trains scored on the path's embedded profile (the baseline any refit must beat),
-    per split and family, written to `traces/score.json`."""
-    scores = score_trains(out, load_default_profile(path).params)
+def _score_traces(out: Path, traces, path: str) -> dict:
+    """The irregular trains (`traces`, read from `out`) scored on the path's embedded profile (the
+    baseline any refit must beat), per split and family, written to `traces/score.json`."""
+    scores = score_trains(traces, load_default_profile(path).params)
     lines = [f"irregular trains ({TRACE_FILE}), scored on the embedded {path} profile; error = |predicted - measured| "
              "/ max(measured, 500 ns), medians:"]
     for side, s in scores.items():

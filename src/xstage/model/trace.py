@@ -134,9 +134,8 @@ def trace_from_rows(rows: list[dict], source: str = "trace", lines=None) -> Trac
         nbytes = cell_count(row, "burst_bytes", at)
         start = cell_time(row, "start_ns", at, zero=True)
         issue = cell_time(row, "issue_ns", at)
-        for c in ("completion_ns",):
-            if c in row:
-                cell_time(row, c, at, optional=True)
+        if "completion_ns" in row:
+            cell_time(row, "completion_ns", at, optional=True)
         for c in ("warps", "vector_bytes"):
             if c in row and cell_text(row, c, at):
                 cell_count(row, c, at)

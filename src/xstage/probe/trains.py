@@ -262,14 +262,12 @@ def trace_rows(train: Train, raw: LaunchResult, launch_index: int) -> list[dict]
 TRACE_FILE = "traces/irregular.csv"  # under a probe folder: one row per burst per CTA (`TRACE_ROW_COLUMNS`)
 
 
-def score_trains(out_dir, params) -> dict:
-    """`xstage model score` of `out_dir/traces/irregular.csv` on `params`, per split (the committed
-    one) and per family: {"heldout": summary, "train": summary} (`xstage.model.trace.Score.summary`)."""
-    from pathlib import Path
+def score_trains(trace, params) -> dict:
+    """`xstage model score` of a trace of trains (`xstage.model.trace.Trace`, e.g. `read_trace` of a
+    probe folder's `TRACE_FILE`) on `params`, per split (the committed one) and per family:
+    {"heldout": summary, "train": summary} (`xstage.model.trace.Score.summary`)."""
+    from xstage.model.trace import Trace, score_trace
 
-    from xstage.model.trace import Trace, read_trace, score_trace
-
-    trace = read_trace(Path(out_dir) / TRACE_FILE)
     sides = split()["families"]
     out = {}
     for side in ("heldout", "train"):
