@@ -259,6 +259,10 @@ def _main_args(holes: tuple, w1t, w1_scale, w2, w2_scale, buf: MoEBuffer, pacing
         # The FP8 Linear-2 loop takes two K blocks per step: one stage fewer keeps its shared memory
         # within the Linear-1 loop's (3 x 64 KiB against 4 x 48 KiB at the default tiles).
         PAIR_STAGES=max(1, c.num_stages - 1),
+        # A float32 buffer computes in float32, as torch's own float32 matmul does by default: Triton's
+        # default for float32 operands is TF32 (10-bit mantissa, ~1e-3 relative on the GPU). 16-bit
+        # operands ignore it.
+        DOT_PREC="ieee" if buf.dtype == torch.float32 else "tf32",
     )
     return args, consts
 

@@ -126,7 +126,7 @@ def _dispatch(u, row0, prow, n_rows, p_row_src, p_x, p_x_delta, p_recv, p_ready,
 @triton.jit
 def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, p_b1, act_alpha, act_limit,
              BM: tl.constexpr, BN1: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr, USE_PTX: tl.constexpr,
-             W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr, ACT: tl.constexpr):
+             W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr, ACT: tl.constexpr, DOT_PREC: tl.constexpr):
     # Where a tile's gate and up rows are in an expert's 2I rows. Interleaved (`transform_weights`): gate
     # block nb at nb * 2 BN1, its up block right after. Concatenated (the untransformed `[gate; up]`, as
     # transformers' `gate_up_proj` holds it, read in place): gate block nb at nb BN1, up block I rows on.
@@ -147,8 +147,8 @@ def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
         w_row = e * 2 * I + g_row
         for k in range(0, H, BK):
             b_a = d_recv.load([prow, k])
-            b_g = tl.dot(b_a, d_w1.load([w_row, k]).T, b_g)
-            b_u = tl.dot(b_a, d_w1.load([w_row + up_off, k]).T, b_u)
+            b_g = tl.dot(b_a, d_w1.load([w_row, k]).T, b_g, input_precision=DOT_PREC)
+            b_u = tl.dot(b_a, d_w1.load([w_row + up_off, k]).T, b_u, input_precision=DOT_PREC)
     else:
         o_k = tl.arange(0, BK)
         p_a = p_recv + (prow + o_m).to(tl.int64)[:, None] * H + o_k[None, :]  # [BM, BK]
@@ -160,8 +160,8 @@ def _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready,
             p_u = p_g + BN1 * H
         for _k in range(0, H, BK):
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
-            b_g = tl.dot(b_a, tl.load(p_g), b_g)
-            b_u = tl.dot(b_a, tl.load(p_u), b_u)
+            b_g = tl.dot(b_a, tl.load(p_g), b_g, input_precision=DOT_PREC)
+            b_u = tl.dot(b_a, tl.load(p_u), b_u, input_precision=DOT_PREC)
             p_a += BK
             p_g += BK
             p_u += BK
@@ -193,7 +193,7 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
              p_act_scale, p_w2_scale, p_b2,
              STAGE_PACE: tl.constexpr, BM: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
              PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, USE_PTX: tl.constexpr,
-             HAS_B2: tl.constexpr):
+             HAS_B2: tl.constexpr, DOT_PREC: tl.constexpr):
     o_m = tl.arange(0, BM)
     m_m = o_m < n_rows
     o_n = nb * BN2 + tl.arange(0, BN2)
@@ -205,14 +205,15 @@ def _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, 
     elif TMA:
         w_row = e * H + nb * BN2  # columns past H read the next expert's rows; the store masks them
         for k in range(0, I, BK):
-            b_acc = tl.dot(d_act.load([prow, k]), d_w2.load([w_row, k]).T, b_acc)
+            b_acc = tl.dot(d_act.load([prow, k]), d_w2.load([w_row, k]).T, b_acc, input_precision=DOT_PREC)
     else:
         o_k = tl.arange(0, BK)
         p_a = p_act + (prow + o_m).to(tl.int64)[:, None] * I + o_k[None, :]  # [BM, BK]
         p_b = p_w2 + e.to(tl.int64) * H * I + o_n.to(tl.int64)[None, :] * I + o_k[:, None]  # [BK, BN2]
         for _k in range(0, I, BK):
             b_a = tl.load(p_a, mask=m_m[:, None], other=0.0)
-            b_acc = tl.dot(b_a, tl.load(p_b, mask=m_n[None, :], other=0.0), b_acc)
+            b_acc = tl.dot(b_a, tl.load(p_b, mask=m_n[None, :], other=0.0), b_acc,
+                           input_precision=DOT_PREC)
             p_a += BK
             p_b += BK
     if HAS_B2:
@@ -247,7 +248,7 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
               BM: tl.constexpr, BN1: tl.constexpr, BN2: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
               TMA: tl.constexpr, PACED: tl.constexpr, FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr,
               USE_PTX: tl.constexpr, TRACE: tl.constexpr, W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr,
-              HAS_B2: tl.constexpr, ACT: tl.constexpr):
+              HAS_B2: tl.constexpr, ACT: tl.constexpr, DOT_PREC: tl.constexpr):
     """Row `ti` of the task table: wait for its inputs, then run it (see module docstring)."""
     p_t = p_tasks + ti * TASK_COLS  # tables stay far below 2**31 entries
     kind = tl.load(p_t)
@@ -281,12 +282,12 @@ def _run_task(ti, i_c, p_tasks, p_units, p_row_src, p_row_slot, p_x, p_x_delta, 
                              p_act_scale, p_ready, H, I, BM, BN1, BK, TMA, USE_PTX, W1_CONCAT)
             else:
                 _linear1(u, e, prow, n_rows, nb, p_recv, d_recv, p_w1, d_w1, p_act, p_ready, H, I, p_b1, act_alpha,
-                         act_limit, BM, BN1, BK, TMA, USE_PTX, W1_CONCAT, HAS_B1, ACT)
+                         act_limit, BM, BN1, BK, TMA, USE_PTX, W1_CONCAT, HAS_B1, ACT, DOT_PREC)
         else:
             _linear2(u, e, row0, prow, n_rows, nb, p_act, d_act, p_w2, d_w2, p_row_src, p_row_slot, p_comb,
                      p_comb_delta, p_ready, p_pace, pace_fs, pace_budget_ns, p_err, rank, T_STRIDE, H, I, timeout_ns,
                      max_spins, p_act_scale, p_w2_scale, p_b2, STAGE_PACE, BM, BN2, BK, TMA, PACED, FP8, PAIR_STAGES,
-                     USE_PTX, HAS_B2)
+                     USE_PTX, HAS_B2, DOT_PREC)
         if TRACE:
             # Tile cost without its dependency wait: the timer after the CTA's last store issued,
             # recorded with the CTA at the task's position in the global order.
@@ -311,6 +312,7 @@ def moe_main_kernel(
     BK: tl.constexpr, BD: tl.constexpr, TMA: tl.constexpr, DYNAMIC: tl.constexpr, PACED: tl.constexpr,
     FP8: tl.constexpr, PAIR_STAGES: tl.constexpr, WAIT: tl.constexpr, USE_PTX: tl.constexpr, TRACE: tl.constexpr,
     W1_CONCAT: tl.constexpr, HAS_B1: tl.constexpr, HAS_B2: tl.constexpr, ACT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     n_c = tl.num_programs(0)
@@ -336,7 +338,7 @@ def moe_main_kernel(
                       p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, p_b1, p_b2, act_alpha,
                       act_limit, STAGE_L1, STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT, HAS_B1,
-                      HAS_B2, ACT)
+                      HAS_B2, ACT, DOT_PREC)
             ti = tl.atomic_add(p_sync + 3, 1, sem="relaxed", scope="gpu")
     else:
         t_lo = tl.load(p_cta_start + i_c)
@@ -347,7 +349,7 @@ def moe_main_kernel(
                       p_x_scale, p_xs_delta, p_recv_scale, p_w1_scale, p_act_scale, p_w2_scale, p_b1, p_b2, act_alpha,
                       act_limit, STAGE_L1, STAGE_L2, STAGE_PACE, STAGE_SLOT, TASK_COLS,
                       BM, BN1, BN2, BK, BD, TMA, PACED, FP8, PAIR_STAGES, WAIT, USE_PTX, TRACE, W1_CONCAT, HAS_B1,
-                      HAS_B2, ACT)
+                      HAS_B2, ACT, DOT_PREC)
     tl.debug_barrier()
     done = tl.atomic_add(p_sync, 1, sem="acq_rel", scope="sys")
     if done == n_c - 1:
