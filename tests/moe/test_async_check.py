@@ -333,7 +333,7 @@ build(moe_reduce_kernel, dict(STAGE_DONE=34, BT=8, BH=64, KP=8, WAIT=True, USE_P
 for dynamic in (True, False):
     build(moe_main_kernel, dict(STAGE_L1=32, STAGE_L2=33, STAGE_FREE=35, STAGE_PACE=36, STAGE_SLOT=37, TASK_COLS=8,
                                 BM=64, BN1=64, BN2=128, BK=64, BD=64, TMA=False, DYNAMIC=dynamic, PACED=False,
-                                FP8=False, PAIR_STAGES=2, WAIT=True, USE_PTX=True, TRACE=False), 4)
+                                FP8=False, PAIR_STAGES=2, WAIT=True, USE_PTX=True, TRACE=False, DOT_PREC="tf32"), 4)
 build(barrier_kernel, dict(STAGE=4, STAGE_REFUSE=5, USE_PTX=True), 1)
 build(refuse_kernel, {}, 1)
 print("compiled")
