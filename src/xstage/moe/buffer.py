@@ -512,7 +512,11 @@ class _Reports:
         if self.cuda:
             if self.events[i] is None:
                 self.events[i] = torch.cuda.Event()
-            self.events[i].record()
+            # On the stream the call's kernels went to (`backend.Launch` launches on the current device's
+            # current stream), named by device index: `record()` with no stream finds the device through
+            # `torch.cuda.is_available()` and more, 18% of a call under cProfile on an H100 host
+            # (benchmarks/results/h100-moe-call-host/profile-7b3b51f/).
+            self.events[i].record(torch.cuda.current_stream(torch.cuda.current_device()))
         self.pending.append((i, first, last))
         self.next = (i + 1) % REPORT_ROWS
 
