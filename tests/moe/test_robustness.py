@@ -64,7 +64,8 @@ def test_experts_not_divisible_by_ranks_is_an_input_error_on_every_rank(tmp_path
     "before",
     # Failed on the H200 with one survivor faulting (docs/failures.md). Suspected cause: the first survivor to
     # report exited while the other's kernels still used its memory; every rank now lingers until the
-    # others are done (`robustness._linger`), not yet run on the GPU. Strict: it fails the suite once it passes.
+    # others are done (`robustness._linger`), which did not fix it: it still failed on an H100 at 7784d19
+    # (benchmarks/results/h100-gpu-tests/). Strict: it fails the suite once it passes.
     pytest.param("during", marks=pytest.mark.xfail(strict=True, reason="a survivor faulted after timing out on a "
                                                                         "rank that stopped mid-call (open defect)")),
 ])
