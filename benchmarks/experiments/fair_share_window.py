@@ -21,7 +21,6 @@ minutes per trace); the fast engine is unchanged.
 from __future__ import annotations
 
 import argparse
-import heapq
 import importlib
 import json
 import math
@@ -80,30 +79,19 @@ class FairShare(S.PathSimulator):
         super()._move(dt, a, d)
 
 
+_SIMULATE = S.simulate_bursts
+
+
 def simulate_fair(params, programs, start_ns=None, multiplicity=None, weights=None, engine=None):
-    """`simulate_bursts` (its reference loop) on `FairShare`; `engine` is ignored."""
-    progs = S._check_programs(programs)
-    n = len(progs)
-    starts = [0.0] * n if start_ns is None else list(start_ns)
-    sim = FairShare(params, n, multiplicity, weights)
-    ids: list[list[int]] = [[] for _ in range(n)]
-    heap = [(starts[sm], sm, 0) for sm in range(n) if progs[sm]]
-    heapq.heapify(heap)
-    while heap or any(ph != S._IDLE for ph in sim.phase):
-        done = sim.advance_until(heap[0][0] if heap else math.inf)
-        if done:
-            for sm, t_end in done:
-                j = len(ids[sm])
-                if j < len(progs[sm]):
-                    heapq.heappush(heap, (t_end + progs[sm][j - 1][1], sm, j))
-            continue
-        while heap and heap[0][0] <= sim.t:
-            t_s, sm, j = heapq.heappop(heap)
-            ids[sm].append(sim.start_burst(sm, max(t_s, sim.t), progs[sm][j][0]))
-    sim.finish()
-    rec = np.array(sim.bursts, dtype=float).reshape(-1, 5)
-    col = lambda c: [rec[ids[sm], c] if ids[sm] else np.zeros(0) for sm in range(n)]  # noqa: E731
-    return S.BurstResult(col(1), col(2), col(3), col(4), list(sim.mult))
+    """`simulate_bursts` on its reference loop, with `FairShare` in place of `PathSimulator`; `engine`
+    is ignored."""
+    make = S.path_simulator
+    S.path_simulator = lambda p, n, mult, w, engine: FairShare(p, n, mult, w)
+    try:
+        return _SIMULATE(params, programs, start_ns=start_ns, multiplicity=multiplicity, weights=weights,
+                         engine="reference")
+    finally:
+        S.path_simulator = make
 
 
 def _splits(score) -> dict:
