@@ -19,6 +19,8 @@ PATHS = {
     "no-windows": PathParams(r0=50e9, c_sm=math.inf, drain=30e9, capacity=math.inf),
     "shared-only": PathParams(r0=50e9, c_sm=math.inf, drain=20e9, capacity=256 * 1024, t0=40.0, spread=3.0),
 }
+# The same paths with the shared window partitioned among the active SMs (fair-share admission).
+PATHS |= {f"{k}-fair": v.replace(admission="fair_share") for k, v in list(PATHS.items()) if k != "no-windows"}
 REL = 1e-9
 
 
@@ -44,9 +46,10 @@ def test_bursts_agree_with_the_reference(path, seed):
     _close(ref.completion_ns, fast.completion_ns)
 
 
-def test_the_incremental_api_agrees_call_by_call():
+@pytest.mark.parametrize("path", ["full", "full-fair"])
+def test_the_incremental_api_agrees_call_by_call(path):
     rng = random.Random(7)
-    p = PATHS["full"]
+    p = PATHS[path]
     ref, fast = PathSimulator(p, 5), FastPathSimulator(p, 5)
     t = 0.0
     for _ in range(60):

@@ -96,3 +96,15 @@ def test_the_old_name_of_the_held_out_evaluation_warns_and_works():
     with pytest.warns(DeprecationWarning, match=r"moved to xstage\.model\.heldout\.evaluate_loco"):
         old = fit_module.evaluate_loco
     assert old is moved
+
+
+def test_a_fair_share_structure_fits_fair_share_data_and_keeps_its_admission():
+    # Noiseless data of a path that admits its shared window fair-share, with unequal sharing; up to 32
+    # SMs, so that the shared window does not bind and is not asserted.
+    truth = TRUTH.replace(spread=3.0, admission="fair_share")
+    obs = synthetic_observations(truth, calibration_design(32, sm_counts=[1, 8, 32]), noise=0.0, seed=1)
+    res = fit_path(obs, structure="full_fair")
+    assert res.params.admission == "fair_share" and res.structure == "full_fair"
+    assert res.residuals["issue_median_rel"] <= 0.01
+    for name in ("t0", "r0", "drain", "r_fast", "b_fast", "spread", "latency"):
+        assert abs(getattr(res.params, name) / getattr(truth, name) - 1.0) <= 0.02, name

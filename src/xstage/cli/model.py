@@ -504,7 +504,8 @@ def register(sub) -> None:
                    help="store path whose rows are fitted (default host)")
     f.add_argument("--structure", default="full", choices=list(STRUCTURES),
                    help="model structure: base (two windows), fast (+ small-burst first stage), full (+ unequal "
-                        "sharing of the drain) (default full)")
+                        "sharing of the drain), full_fair (full, with the shared window partitioned among the "
+                        "active SMs) (default full)")
     f.add_argument("--bootstrap", default="20", metavar="N",
                    help=f"bootstrap rounds for the parameter intervals, 0..{MAX_BOOTSTRAP}; each round is one "
                         f"refit from the point estimate, so N rounds cost up to N point fits (on one CPU core: about "

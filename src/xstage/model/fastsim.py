@@ -85,13 +85,49 @@ def _waterfill(total, demand, weight, mult, out):
 
 
 @njit(cache=True)
-def _rates(st, o, k, phase, mult, w, a, d, tmp):
+def _part_tol(part):
+    return 1e-9 * part + 1e-3  # the reference's `_part_tol`
+
+
+@njit(cache=True)
+def _parts(st, o, phase, mult, w, part):
+    # the reference's `_parts`: each active SM's part of the shared window under fair-share admission
+    c_sm, capacity = st[4], st[5]
+    n = o.shape[0]
+    wsum = 0.0
+    for i in range(n):
+        if phase[i] == _ISSUING or o[i] > _TOL_B:
+            wsum += mult[i] * w[i]
+    for i in range(n):
+        if not math.isfinite(capacity) or wsum == 0:
+            part[i] = c_sm
+        else:
+            part[i] = min(c_sm, capacity * w[i] / wsum)
+
+
+@njit(cache=True)
+def _rates(st, o, k, phase, mult, w, a, d, tmp, part):
     r0, rf, drain, c_sm, capacity = st[1], st[2], st[3], st[4], st[5]
     n = o.shape[0]
     for i in range(n):
         a[i] = 0.0
         if phase[i] == _ISSUING:
             a[i] = rf if k[i] > _TOL_B else r0
+    if st[8] > 0:  # fair-share admission: the reference's `_rates_fair`
+        _parts(st, o, phase, mult, w, part)
+        for i in range(n):
+            tmp[i] = math.inf if o[i] > _TOL_B else a[i]
+        _waterfill(drain, tmp, w, mult, d)
+        for i in range(n):
+            tol = _part_tol(part[i])
+            if o[i] > part[i] + tol:
+                a[i] = 0.0
+            elif a[i] > d[i] and o[i] >= part[i] - tol:
+                a[i] = d[i]
+        for i in range(n):
+            tmp[i] = math.inf if o[i] > _TOL_B else a[i]
+        _waterfill(drain, tmp, w, mult, d)
+        return
     for i in range(n):
         tmp[i] = math.inf if o[i] > _TOL_B else a[i]
     _waterfill(drain, tmp, w, mult, d)
@@ -115,7 +151,8 @@ def _rates(st, o, k, phase, mult, w, a, d, tmp):
 @njit(cache=True)
 def _run(st, t_limit, stop_on_issue_end, o, k, phase, t_go, rem, cur, issued, drained, mult, w,
          pend_head, pend_tail, pend_next, b_mark, b_issue_end, b_completion, done_sm, done_t):
-    """The reference `_run`; `st` = [t, r0, r_fast, drain, c_sm, capacity, b_fast, latency] (per ns).
+    """The reference `_run`; `st` = [t, r0, r_fast, drain, c_sm, capacity, b_fast, latency, fair] (per ns;
+    `fair` is 1 for fair-share admission, else 0).
     Returns how many issue ends it recorded in `done_sm` / `done_t`."""
     r0, c_sm, capacity, b_fast, latency = st[1], st[4], st[5], st[6], st[7]
     n = o.shape[0]
@@ -123,6 +160,8 @@ def _run(st, t_limit, stop_on_issue_end, o, k, phase, t_go, rem, cur, issued, dr
     a = np.empty(n)
     d = np.empty(n)
     tmp = np.empty(n)
+    part = np.empty(n)
+    fair = st[8] > 0
     while True:
         busy = False
         for i in range(n):
@@ -136,7 +175,7 @@ def _run(st, t_limit, stop_on_issue_end, o, k, phase, t_go, rem, cur, issued, dr
                     k[i] = min(b_fast, k[i] + r0 * idle)
                 st[0] = t_limit
             return n_done
-        _rates(st, o, k, phase, mult, w, a, d, tmp)
+        _rates(st, o, k, phase, mult, w, a, d, tmp, part)
         dt = t_limit - st[0]
         q_tot = 0.0
         for i in range(n):
@@ -161,6 +200,12 @@ def _run(st, t_limit, stop_on_issue_end, o, k, phase, t_go, rem, cur, issued, dr
                 dt = min(dt, k[i] / (a[i] - r0))
             if pend_head[i] >= 0 and d[i] > 0:
                 dt = min(dt, (b_mark[pend_head[i]] - drained[i]) / d[i])
+            if fair:
+                tol = _part_tol(part[i])
+                if net > 0 and o[i] < part[i] - tol:
+                    dt = min(dt, (part[i] - o[i]) / net)
+                elif a[i] == 0 and d[i] > 0 and o[i] > part[i] + tol:
+                    dt = min(dt, (o[i] - part[i]) / d[i])
         if math.isinf(dt):
             return -1
         dt = max(dt, 0.0)
@@ -369,7 +414,7 @@ class FastPathSimulator:
         r0 = params.r0 * NS
         rf = params.r_fast * NS if params.b_fast > 0 else r0
         self._st = np.array([0.0, r0, rf, params.drain * NS, params.c_sm, params.capacity, float(params.b_fast),
-                             params.latency], dtype=np.float64)
+                             params.latency, 1.0 if params.admission == "fair_share" else 0.0], dtype=np.float64)
         self.o = np.zeros(n)
         self.k = np.full(n, float(params.b_fast))
         self.phase = np.zeros(n, dtype=np.int64)

@@ -63,7 +63,10 @@ STRUCTURES = {
     "base": ("t0", "r0", "drain", "c_sm", "capacity"),
     "fast": ("t0", "r0", "drain", "c_sm", "capacity", "r_fast", "b_fast"),
     "full": ("t0", "r0", "drain", "c_sm", "capacity", "r_fast", "b_fast", "spread"),
+    "full_fair": ("t0", "r0", "drain", "c_sm", "capacity", "r_fast", "b_fast", "spread"),
 }
+# A structure is its free parameters and how the SMs take the shared window (`PathParams.admission`).
+ADMISSION = {"full_fair": "fair_share"}
 DEFAULT_STRUCTURE = "full"
 IDENT_MAX_REL_SE = 0.25
 MIN_CONFIGS = 3
@@ -214,10 +217,13 @@ N_BEST_STARTS = 4
 SPREAD_STARTS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
-def _fit_point(obs: Observations, names, classes: int, start: PathParams | None, max_nfev: int):
+def _fit_point(obs: Observations, names, classes: int, start: PathParams | None, max_nfev: int,
+               admission: str = "first_come"):
+    """The point fit; without `start`, from a grid of starts with the given `admission` (a start carries
+    its own)."""
     base_names = tuple(n for n in names if n != "spread")
     if start is None:
-        p0 = initial_guess(obs)
+        p0 = initial_guess(obs).replace(admission=admission)
         if "latency" in names:
             p0 = p0.replace(latency=max(1.0, float(np.nanmedian(obs.completion_med - obs.issue_med))))
         if "b_fast" not in names:
@@ -303,7 +309,8 @@ def fit_point(obs: Observations, structure: str = DEFAULT_STRUCTURE, classes: in
               start: PathParams | None = None, max_nfev: int = 200) -> PathParams:
     """Point estimate only (what LOCO and bootstrap call)."""
     _check_fit_input(obs)
-    return _fit_point(obs, _free_names(obs, structure), classes, start, max_nfev)[0]
+    admission = ADMISSION.get(structure, "first_come")
+    return _fit_point(obs, _free_names(obs, structure), classes, start, max_nfev, admission)[0]
 
 
 def fit_path(obs: Observations, structure: str = DEFAULT_STRUCTURE, bootstrap: int = 0,
@@ -324,7 +331,7 @@ def fit_path(obs: Observations, structure: str = DEFAULT_STRUCTURE, bootstrap: i
     if store is not None and store.key != fit_key(obs, structure, classes, seed, max_nfev):
         raise ValueError("fit_path: the bootstrap store belongs to other data or fit options")
     t0 = time.perf_counter()
-    params, sol = _fit_point(obs, names, classes, None, max_nfev)
+    params, sol = _fit_point(obs, names, classes, None, max_nfev, ADMISSION.get(structure, "first_come"))
     if on_point_fit:
         on_point_fit(time.perf_counter() - t0)
     rel_se, ident = _identifiability(sol, names)

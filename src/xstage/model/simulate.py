@@ -15,6 +15,10 @@ from one event to the next. Per SM: outstanding bytes `o_i <= c_sm`, first-stage
 3. an SM at its window `c_sm` issues no faster than its drain share;
 4. with the shared window full, the SMs' issue is water-filled (by weight) to the total drain.
 
+With `admission="fair_share"` (`xstage.model.params`) steps 3 and 4 become one: each active SM (issuing
+or holding bytes) owns `capacity x w_i / sum w` of the window, at most `c_sm`; at its part it issues no
+faster than its drain share, and over it (another SM became active) it waits for the drain.
+
 Events: a burst's overhead `t0` ends or its last byte issues, a window fills or empties, the tokens
 run out, the shared window fills, a burst's last byte drains (FIFO per SM; completion = that time +
 `latency`). One engine: `PathSimulator` is driven call by call (by `xstage.sched`), and
@@ -45,6 +49,12 @@ from xstage.model.params import NS, PathParams
 
 _TOL_B = 1e-6
 _IDLE, _OVERHEAD, _ISSUING = 0, 1, 2
+
+
+def _part_tol(part: float) -> float:
+    """Bytes within which an SM counts as at its part of the window (relative, with a floor: parts are
+    quotients, so exact equality cannot be asked of them)."""
+    return 1e-9 * part + 1e-3
 
 
 def _waterfill(total: float, demand: list[float], weight: list[float], mult: list[float]) -> list[float]:
@@ -98,6 +108,7 @@ class PathSimulator:
         self._r0 = params.r0 * NS
         self._rf = params.r_fast * NS if params.b_fast > 0 else self._r0
         self._d = params.drain * NS
+        self._fair = params.admission == "fair_share"
         self.t = 0.0
         self.o = [0.0] * n
         self.k = [float(params.b_fast)] * n
@@ -198,7 +209,35 @@ class PathSimulator:
         for b, row in open_bursts.items():
             self.bursts[b] = row
 
+    def _parts(self) -> list[float]:
+        """Each SM's part of the shared window under fair-share admission (see the module docstring)."""
+        p, n, o, mult, w = self.params, self.n_sm, self.o, self.mult, self.weights
+        wsum = 0.0
+        for i in range(n):
+            if self.phase[i] == _ISSUING or o[i] > _TOL_B:
+                wsum += mult[i] * w[i]
+        if not math.isfinite(p.capacity) or wsum == 0:
+            return [p.c_sm] * n
+        return [min(p.c_sm, p.capacity * w[i] / wsum) for i in range(n)]
+
+    def _rates_fair(self) -> tuple[list[float], list[float]]:
+        n, o, w, mult = self.n_sm, self.o, self.weights, self.mult
+        part = self._part = self._parts()
+        a = [(self._rf if self.k[i] > _TOL_B else self._r0) if self.phase[i] == _ISSUING else 0.0
+             for i in range(n)]
+        d = _waterfill(self._d, [math.inf if o[i] > _TOL_B else a[i] for i in range(n)], w, mult)
+        for i in range(n):
+            tol = _part_tol(part[i])
+            if o[i] > part[i] + tol:
+                a[i] = 0.0
+            elif a[i] > d[i] and o[i] >= part[i] - tol:
+                a[i] = d[i]
+        d = _waterfill(self._d, [math.inf if o[i] > _TOL_B else a[i] for i in range(n)], w, mult)
+        return a, d
+
     def _rates(self) -> tuple[list[float], list[float]]:
+        if self._fair:
+            return self._rates_fair()
         p, n = self.params, self.n_sm
         o, k, mult, w = self.o, self.k, self.mult, self.weights
         a = [0.0] * n
@@ -250,6 +289,13 @@ class PathSimulator:
                     dt = min(dt, self.k[i] / (a[i] - self._r0))
                 if self.pending[i] and d[i] > 0:
                     dt = min(dt, (self.pending[i][0][1] - self.drained[i]) / d[i])
+                if self._fair:  # an SM reaching its part of the window (from below, or down by the drain)
+                    part = self._part[i]
+                    tol = _part_tol(part)
+                    if net > 0 and self.o[i] < part - tol:
+                        dt = min(dt, (part - self.o[i]) / net)
+                    elif a[i] == 0 and d[i] > 0 and self.o[i] > part + tol:
+                        dt = min(dt, (self.o[i] - part) / d[i])
             if math.isinf(dt):
                 raise InputError("simulation cannot progress: no rate is positive (check the parameters)")
             dt = max(dt, 0.0)
