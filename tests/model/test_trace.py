@@ -145,6 +145,21 @@ def test_score_command_prints_writes_and_never_replaces_the_trace(tmp_path, caps
     assert "its path is peer, the profile's is host" in capsys.readouterr().err
 
 
+def test_score_command_admits_the_shared_window_as_asked(tmp_path, capsys):
+    # 40 CTAs, enough to fill the shared window: a trace the reference engine made under fair-share
+    # admission scores zero when scored that way, and not under the profile's own first-come admission.
+    rows, _ = _irregular(HOST.replace(admission="fair_share"), 3, n_cta=40)
+    trace = _write(tmp_path / "t.csv", rows)
+    assert main(["model", "score", str(trace), "--admission", "fair_share", "--json"]) == 0
+    fair = json.loads(capsys.readouterr().out)
+    assert fair["admission"] == "fair_share" and fair["bursts"]["max"] < 1e-6
+    assert main(["model", "score", str(trace), "--json"]) == 0
+    first_come = json.loads(capsys.readouterr().out)
+    assert first_come["admission"] == "first_come" and first_come["bursts"]["max"] > 0.05
+    assert main(["model", "score", str(trace), "--admission", "fair"]) == 2
+    assert "--admission: invalid choice: 'fair'" in capsys.readouterr().err
+
+
 GOOD = [_row(0, 0, 0, 4096, 0, 900), _row(0, 0, 1, 4096, 2000, 900), _row(0, 1, 0, 65536, 10, 1500)]
 
 

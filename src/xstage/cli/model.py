@@ -37,6 +37,7 @@ from xstage.model import intervals as iv
 from xstage.model.api import build_profile, loco_structures
 from xstage.model.data import load_reference_data, read_observations
 from xstage.model.fit import STRUCTURES, BootstrapStore, fit_key
+from xstage.model.params import ADMISSIONS
 from xstage.model.plots import plot_issue_vs_burst, plot_issue_vs_gap
 from xstage.model.predict import simulate_launch, weighted_median
 from xstage.model.profile import PATHS, Profile, load_default_profile
@@ -284,7 +285,7 @@ SCORE_COLUMNS = ["launch", "cta", "burst_index", "family", "burst_bytes", "start
                  "error", "naive_ns", "naive_error"]
 
 
-def _score_text(summary: dict, trace, prof, profile_arg) -> list[str]:
+def _score_text(summary: dict, trace, prof, profile_arg, admission: str) -> list[str]:
     def row(label: str, st: dict) -> str:
         if not st["n"]:
             return f"  {label:<36} (none)"
@@ -297,7 +298,7 @@ def _score_text(summary: dict, trace, prof, profile_arg) -> list[str]:
                 row("end of the launch (last CTA), model", s["end"])]
 
     lines = [f"{trace.source}: {len(trace.launches)} launch(es), {summary['bursts']['n']} bursts, scored with the "
-             f"{prof.path} profile {profile_arg or '(embedded)'}",
+             f"{prof.path} profile {profile_arg or '(embedded)'}, shared window admitted {admission}",
              "error = |predicted - measured| / max(measured, 500 ns)"] + block(summary)
     for name, s in summary["families"].items():
         lines += [f"family {name}:"] + block(s)
@@ -312,7 +313,8 @@ def run_score(args) -> int:
     if trace.path is not None and trace.path != prof.path:
         raise InputError(f"trace {args.trace}: its path is {trace.path}, the profile's is {prof.path}; give the "
                          f"{trace.path} profile with --profile")
-    score = score_trace(trace, prof.params, engine=args.engine)
+    params = prof.params if args.admission is None else prof.params.replace(admission=args.admission)
+    score = score_trace(trace, params, engine=args.engine)
     summary = score.summary()
     if out is not None:
         b = score.bursts
@@ -320,7 +322,7 @@ def run_score(args) -> int:
                 for i in range(len(b["error"]))]
         with outs:
             write_csv_atomic(out, rows, SCORE_COLUMNS)
-    lines = _score_text(summary, trace, prof, args.profile)
+    lines = _score_text(summary, trace, prof, args.profile, params.admission)
     grouped = score.by(args.by) if args.by else None
     if grouped is not None:
         lines.append(f"per-burst issue time by {args.by} (model; bytes / r0):")
@@ -328,7 +330,8 @@ def run_score(args) -> int:
                   f"{100 * g['bursts_bytes_over_r0']['median']:6.1f}%  (n={g['bursts']['n']})"
                   for k, g in grouped.items()]
     lines += [f"wrote {out}"] if out is not None else []
-    emit({"trace": str(args.trace), "profile": prof.path, "engine": args.engine, **summary,
+    emit({"trace": str(args.trace), "profile": prof.path, "admission": params.admission, "engine": args.engine,
+          **summary,
           **({"by": {"column": args.by, "groups": [{"value": k, **g} for k, g in grouped.items()]}}
              if grouped is not None else {}),
           **({"output": str(out)} if out is not None else {})}, args.json, "\n".join(lines))
@@ -355,6 +358,10 @@ def register_score(sub) -> None:
     s.add_argument("--engine", default="fast", choices=list(ENGINES),
                    help="simulator engine: fast (compiled) or reference (the plain one the tests hold it to) "
                         "(default fast)")
+    s.add_argument("--admission", choices=list(ADMISSIONS),
+                   help="score with the profile's parameters but this admission to the shared window: first_come "
+                        "(the SMs fill it in the order they issue) or fair_share (each active SM owns its part; "
+                        "xstage.model.params) (default: the profile's own)")
     s.add_argument("--by", choices=list(BY),
                    help="also group the per-burst errors by this column: where in its train a burst is "
                         "(burst_index), its size (burst_bytes), its CTA or its launch (default: by family only)")
