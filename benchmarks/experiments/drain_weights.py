@@ -9,9 +9,11 @@ slow on its next) but hardly ordered by CTA index. Four assignments, same parame
 - `shuffled`: the slot weights in a seeded random order (the same spread, no index order);
 - `oracle`: each CTA's own measured rate over its bursts of >= 256 KiB, relative to the launch's median
   CTA (read from the bursts it then scores: an upper bound of what per-CTA weights can give, not a model).
-Also prints, over the bursts of >= 256 KiB, the correlation of a CTA's log(measured / predicted) on
-consecutive bursts, and the median per-launch rank correlation of per-byte time with the CTA index,
-measured and predicted.
+Where the trace has an `smid` column (traces from `xstage probe --sweep irregular` after `ec72456`), it
+also prints the median per-launch rank correlation of a CTA's measured rate with its SM id, and with its
+TPC (`smid // 2`, two SMs sharing a texture-processing cluster). Also prints, over the bursts of
+>= 256 KiB, the correlation of a CTA's log(measured / predicted) on consecutive bursts, and the median
+per-launch rank correlation of per-byte time with the CTA index, measured and predicted.
 
     PYTHONPATH=src python3 benchmarks/experiments/drain_weights.py -o DIR TRACE.csv [TRACE.csv ...]
 
@@ -50,13 +52,31 @@ def _oracle(la) -> list[float]:
     return list(rate / np.median(rate))
 
 
+def _smids(path: str) -> dict | None:
+    """(launch, cta) -> smid from the trace file's `smid` column, or None where it has none."""
+    import csv
+
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if "smid" not in (reader.fieldnames or []):
+            return None
+        return {(int(r["launch"]), int(r["cta"])): int(r["smid"]) for r in reader if r["smid"] != ""}
+
+
 def score(path: str, params, seed: int = 0) -> dict:
     tr = T.read_trace(path)
     held = {f for f, s in split()["families"].items() if s == "heldout"}
     rng = np.random.default_rng(seed)
     errs = {k: {"heldout": [], "train": []} for k in ("slot", "equal", "shuffled", "oracle")}
     pairs, corr_meas, corr_pred = [], [], []
+    smids, corr_sm, corr_tpc = _smids(path), [], []
     for la in tr.launches:
+        if smids is not None and len(la.nbytes) > 10:
+            sm = np.array([smids[la.launch, c] for c in range(len(la.nbytes))])
+            rate = np.log(_oracle(la))
+            if rate.std() > 0:
+                corr_sm.append(_rank_corr(sm, rate))
+                corr_tpc.append(_rank_corr(sm // 2, rate))
         progs, starts = la.programs()
         slot = class_weights(params, [1.0] * len(progs))
         weights = {"slot": slot, "equal": [1.0] * len(progs), "shuffled": list(rng.permutation(slot)),
@@ -85,7 +105,10 @@ def score(path: str, params, seed: int = 0) -> dict:
             "consecutive_large_log_ratio_corr": float(np.corrcoef(a[:, 0], a[:, 1])[0, 1]), "pairs": len(a),
             "rank_corr_cta_index_per_byte": {"measured": float(np.median(corr_meas)),
                                              "predicted_slot": float(np.median(corr_pred)),
-                                             "launches": len(corr_meas)}}
+                                             "launches": len(corr_meas)},
+            "rank_corr_rate_smid": None if smids is None else {
+                "smid": float(np.median(corr_sm)) if corr_sm else None,
+                "tpc": float(np.median(corr_tpc)) if corr_tpc else None, "launches": len(corr_sm)}}
 
 
 def main() -> None:
@@ -108,6 +131,10 @@ def main() -> None:
               f"{r['consecutive_large_log_ratio_corr']:.2f} ({r['pairs']} pairs); rank corr of per-byte time with "
               f"the CTA index: measured {c['measured']:+.2f}, predicted {c['predicted_slot']:+.2f} "
               f"({c['launches']} launches)", flush=True)
+        sm = r["rank_corr_rate_smid"]
+        print("  no smid column" if sm is None else
+              f"  rank corr of a CTA's rate with its SM id {sm['smid']:+.2f}, with its TPC {sm['tpc']:+.2f} "
+              f"({sm['launches']} launches)")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
 

@@ -95,8 +95,8 @@ def test_timers_become_trace_rows_on_one_time_line():
     cta[1] = [0, 0, 10_000, 10_000, 4, 0, 2040, 5000]
     rows = trace_rows(t, LaunchResult(times, cta), launch_index=11)
     assert list(rows[0]) == TRACE_ROW_COLUMNS and len(rows) == 3
-    assert [(r["cta"], r["burst_index"], r["start_ns"], r["issue_ns"]) for r in rows] == [
-        (0, 0, 10.0, 500.0), (0, 1, 600.0, 1000.0), (1, 0, 140.0, 800.0)]
+    assert [(r["cta"], r["burst_index"], r["start_ns"], r["issue_ns"], r["smid"]) for r in rows] == [
+        (0, 0, 10.0, 500.0, 3), (0, 1, 600.0, 1000.0, 3), (1, 0, 140.0, 800.0, 4)]
     trace = trace_from_rows(rows)
     (la,) = trace.launches
     progs, starts = la.programs()

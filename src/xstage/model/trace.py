@@ -19,7 +19,8 @@ probe's long format (`xstage.model.data`) where the two share them:
   optional (`TRACE_OPTIONAL`):
     family         a label; errors are also reported per family. One family per launch
     path           hbm | host | peer; when given, the profile's path
-    completion_ns, warps, vector_bytes   read and checked; not scored or modelled yet
+    completion_ns, warps, vector_bytes, smid   read and checked; not scored or modelled yet (smid: the
+                   SM the CTA ran on, an integer >= 0)
 
 A probe's long-format file (`xstage.model.data`, what `xstage probe` writes in `raw/`) is read as a
 trace too (`trace_from_long`): its CTAs start together, and each burst starts its measured `gap_ns`
@@ -65,7 +66,7 @@ from xstage.model.simulate import ENGINES, simulate_bursts
 from xstage.results.io import cell_count, cell_text, cell_time, read_table
 
 TRACE_COLUMNS = ["launch", "cta", "burst_index", "burst_bytes", "start_ns", "issue_ns"]
-TRACE_OPTIONAL = ["family", "path", "completion_ns", "warps", "vector_bytes"]
+TRACE_OPTIONAL = ["family", "path", "completion_ns", "warps", "vector_bytes", "smid"]
 FLOOR_NS = 500.0  # the error's denominator is at least this: the timer's resolution, not the burst
 BY = ("burst_index", "burst_bytes", "cta", "launch")  # what `Score.by` groups the bursts by
 OVERLAP_NS = 1.0  # a burst may start this much before its CTA's previous one ends (rounding; gap 0)
@@ -139,6 +140,8 @@ def trace_from_rows(rows: list[dict], source: str = "trace", lines=None) -> Trac
         for c in ("warps", "vector_bytes"):
             if c in row and cell_text(row, c, at):
                 cell_count(row, c, at)
+        if "smid" in row and cell_text(row, "smid", at):
+            cell_count(row, "smid", at, minimum=0)
         if "path" in row and cell_text(row, "path", at):
             p = cell_text(row, "path", at)
             if p not in PATHS:

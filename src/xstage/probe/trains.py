@@ -51,7 +51,7 @@ MAX_GAP_ITERS = 10_000_000  # compute iterations before one burst (about 10 ms)
 TRAIN_PATHS = ("hbm", "host")
 _ONE_PEER = BurstConfig(n_sm=1)  # `destinations` of one CTA that stores to the next rank
 TRACE_ROW_COLUMNS = ["launch", "cta", "burst_index", "burst_bytes", "start_ns", "issue_ns", "completion_ns",
-                     "family", "path", "warps", "vector_bytes", "gap_iters", "seed", "n_cta"]
+                     "family", "path", "warps", "vector_bytes", "smid", "gap_iters", "seed", "n_cta"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,7 +241,9 @@ def trace_rows(train: Train, raw: LaunchResult, launch_index: int) -> list[dict]
     """Rows of `TRACE_ROW_COLUMNS` (the trace format plus the train's description), one per CTA per
     burst. Times in ns from each CTA's own `%globaltimer`/`clock64` ratio. `start_ns` is measured from
     the instant the CTAs leave their common start (`%globaltimer`, one clock for all SMs) plus the
-    cycles since, so CTAs are placed on one time line within a timer tick."""
+    cycles since, so CTAs are placed on one time line within a timer tick. `smid` is the SM the CTA ran
+    on (`%smid`): a CTA's drain share is persistent but not ordered by its index
+    (`benchmarks/results/h100-fair-share-window/weights/`), and the SM is the next suspect."""
     scale = raw.ns_per_cycle()[:, None]
     t = raw.times.astype(np.float64)
     go_gt = raw.cta[:, 6].astype(np.float64)
@@ -254,7 +256,8 @@ def trace_rows(train: Train, raw: LaunchResult, launch_index: int) -> list[dict]
             rows.append({"launch": launch_index, "cta": c, "burst_index": k, "burst_bytes": b,
                          "start_ns": round(float(start[c, k]), 1), "issue_ns": round(float(issue[c, k]), 1),
                          "completion_ns": "", "family": train.family, "path": train.path, "warps": train.warps,
-                         "vector_bytes": train.vector_bytes, "gap_iters": g, "seed": train.seed,
+                         "vector_bytes": train.vector_bytes, "smid": int(raw.cta[c, 4]), "gap_iters": g,
+                         "seed": train.seed,
                          "n_cta": train.n_ctas})
     return rows
 
